@@ -411,7 +411,10 @@ void td_sched_step(td_sched *s, td_sched_out *out) {
 
     // Pass 3: admit waiting sequences in FCFS order while a running slot, budget and blocks
     // for the whole first chunk are there. The head that does not fit blocks those behind it.
-    while (!blocked && s->n_waiting > 0 && s->n_running < s->p.max_seqs && budget > 0) {
+    // Nobody is admitted in a step that preempted (it would take the blocks just freed for a
+    // running sequence, and thrash) or in which a running sequence lacked blocks.
+    while (!blocked && s->n_preempted == 0 && s->n_waiting > 0 && s->n_running < s->p.max_seqs &&
+           budget > 0) {
         td_seq *q = &s->slots[s->waiting[0]];
         TD_ASSERT(q->n_blocks == 0 && q->n_computed == 0);
         int matched = 0;

@@ -165,6 +165,7 @@ static inline uint64_t sim_fork(sim *s, uint64_t id) {
     sim_req *p = &s->r[id], *c = &s->r[cid];
     td_err err = {0};
     td_status st = td_sched_fork(s->sched, id, cid, &err);
+    if (st == TD_ERR_LIMIT) return UINT64_MAX;  // no free slot: the engine would serve fewer samples
     CHECK(st == TD_OK, "fork %llu: %s", (unsigned long long)id, err.msg);
     if (st != TD_OK) return UINT64_MAX;
     memset(c, 0, sizeof *c);
