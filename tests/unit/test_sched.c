@@ -194,6 +194,26 @@ static void test_trace_preemption(void) {
     sim_destroy(&s);
 }
 
+// The victim is the newest running sequence, not merely a newer one.
+static void test_victim_newest(void) {
+    sim s;
+    td_sched_params p = sp(16, 4, 8, 64);
+    if (!sim_init(&s, 2, 6, &p)) return;
+    for (uint64_t i = 1; i <= 3; i++) sim_add_gen(&s, i, i, 3, 5);
+    td_sched_out o;
+    sim_step(&s, &o);
+    CHECK(o.n_admitted == 3 && td_kv_pool_n_available(s.pool) == 0, "three admitted, pool full");
+    sim_step(&s, &o);
+    sim_step(&s, &o);  // A and B each need a 3rd block: C goes, its 2 blocks serve both
+    CHECK(o.n_preempted == 1 && o.preempted[0] == 3, "C (newest) preempted, not B");
+    CHECK(o.n_entries == 2 && o.entries[0].seq_id == 1 && o.entries[1].seq_id == 2, "A and B run");
+    sim_run(&s, 200);
+    for (int i = 1; i <= 3; i++) CHECK(s.r[i].finished, "seq %d finished", i);
+    CHECK(s.errors == 0 && s.check_errors == 0, "fake engine: %d errors", s.errors);
+    CHECK(sim_pool_whole(&s), "pool whole");
+    sim_destroy(&s);
+}
+
 static int used_blocks(const sim *s) {
     td_sched_stats st;
     td_sched_stats_get(s->sched, &st);
@@ -385,6 +405,7 @@ static sim_result random_sim(const sim_cfg *c) {
             res.budget_violations += dec != !o.entries[i].is_prefill || (dec && o.entries[i].n_tokens != 1);
         }
         for (int i = 0; i < o.n_preempted; i++) preempted[o.preempted[i]] = 1;
+        res.budget_violations += o.n_preempted > 0 && o.n_admitted > 0;  // no admission after a preemption
     }
     res.steps = s.step;
     for (int i = 1; i < s.n_admit_log; i++) res.order_violations += s.admit_log[i] < s.admit_log[i - 1];
@@ -460,6 +481,7 @@ int main(void) {
     test_long_prompt_chunked();
     test_max_seqs();
     test_trace_preemption();
+    test_victim_newest();
     test_cancel_states();
     test_fork();
     test_random();
