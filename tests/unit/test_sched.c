@@ -214,6 +214,33 @@ static void test_victim_newest(void) {
     sim_destroy(&s);
 }
 
+// FCFS under pressure: a long request arrives after a running one and before a stream of short
+// ones. It cannot start until the pool has room, and the short ones, though each would fit
+// sooner, must not overtake it (no request waits forever while later ones complete).
+static void test_fairness(void) {
+    sim s;
+    td_sched_params p = sp(64, 8, 32, 128);
+    if (!sim_init(&s, 4, 20, &p)) return;
+    sim_add_gen(&s, 1, 1, 40, 20);  // running: 10 blocks, up to 15
+    sim_step(&s, NULL);
+    sim_add_gen(&s, 2, 2, 60, 10);  // its first chunk (60 tokens) needs 15 blocks: waits for seq 1
+    for (uint64_t i = 3; i < 13; i++) sim_add_gen(&s, i, i, 3, 3);
+    td_sched_stats st;
+    td_sched_stats_get(s.sched, &st);
+    CHECK(st.kv_usage > 0.49 && st.kv_usage < 0.51, "kv usage 10/20 blocks: %.3f", st.kv_usage);
+    sim_run(&s, 1000);
+    for (uint64_t i = 1; i < 13; i++) CHECK(s.r[i].finished, "seq %llu finished", (unsigned long long)i);
+    for (uint64_t i = 3; i < 13; i++)
+        CHECK(s.r[i].admit_step >= s.r[2].admit_step, "short seq %llu admitted at step %lld before the long one (%lld)",
+              (unsigned long long)i, (long long)s.r[i].admit_step, (long long)s.r[2].admit_step);
+    CHECK(s.r[2].admit_step >= s.r[1].finish_step, "the long one waited for seq 1 (admitted at %lld, seq 1 done at %lld)",
+          (long long)s.r[2].admit_step, (long long)s.r[1].finish_step);
+    CHECK(s.r[1].finish_step >= 20, "seq 1 ran its 20 steps: %lld", (long long)s.r[1].finish_step);
+    CHECK(s.errors == 0 && s.check_errors == 0, "fake engine: %d errors", s.errors);
+    CHECK(sim_pool_whole(&s), "pool whole");
+    sim_destroy(&s);
+}
+
 static int used_blocks(const sim *s) {
     td_sched_stats st;
     td_sched_stats_get(s->sched, &st);
@@ -482,6 +509,7 @@ int main(void) {
     test_max_seqs();
     test_trace_preemption();
     test_victim_newest();
+    test_fairness();
     test_cancel_states();
     test_fork();
     test_random();
