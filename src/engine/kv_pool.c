@@ -23,12 +23,12 @@ struct td_kv_pool {
 
     // Per-block bookkeeping, [n_blocks] each.
     int32_t *refcnt;
-    uint64_t *entry;         // cache entry id, TD_KV_NO_ENTRY when not cached
-    uint64_t *parent_entry;  // of a cached block
-    uint64_t *hash;          // of a cached block
-    int32_t *hnext;          // next block in the same hash bucket, -1 ends
+    uint64_t *entry;               // cache entry id, TD_KV_NO_ENTRY when not cached
+    uint64_t *parent_entry;        // of a cached block
+    uint64_t *hash;                // of a cached block
+    int32_t *hnext;                // next block in the same hash bucket, -1 ends
     int32_t *lru_prev, *lru_next;  // evictable list links, -1 ends
-    int32_t *tokens;         // [n_blocks][block_size] token ids of cached blocks
+    int32_t *tokens;               // [n_blocks][block_size] token ids of cached blocks
 
     int32_t *free_stack;  // [n_blocks] free block ids; top at n_free - 1
     int n_free;
@@ -53,10 +53,13 @@ td_kv_pool_params td_kv_pool_default_params(void) {
 
 static size_t kv_elem_bytes(td_dtype t) {
     switch (t) {
-        case TD_F32: return 4;
+        case TD_F32:
+            return 4;
         case TD_F16:
-        case TD_BF16: return 2;
-        default: return 0;
+        case TD_BF16:
+            return 2;
+        default:
+            return 0;
     }
 }
 
@@ -129,7 +132,9 @@ td_status td_kv_pool_create(const td_kv_pool_params *p, td_kv_pool **out, td_err
     meta += KV_SZ((size_t)nbuckets * sizeof(int32_t));
 #undef KV_SZ
     uint8_t *m = malloc(meta);
-    if (!m) return td_err_set(err, TD_ERR_NOMEM, "kv pool: no memory for %zu bytes of bookkeeping", meta);
+    if (!m)
+        return td_err_set(err, TD_ERR_NOMEM, "kv pool: no memory for %zu bytes of bookkeeping",
+                          meta);
     uint8_t *cur = m;
     td_kv_pool *pool = kv_carve(&cur, sizeof *pool);
     memset(pool, 0, sizeof *pool);
@@ -171,12 +176,14 @@ td_status td_kv_pool_create(const td_kv_pool_params *p, td_kv_pool **out, td_err
         uint64_t total = (uint64_t)bpb * (uint64_t)n;
         if (total / bpb != (uint64_t)n || total > SIZE_MAX - 63) {
             free(m);
-            return td_err_set(err, TD_ERR_LIMIT, "kv pool: %d blocks of %zu bytes overflow", n, bpb);
+            return td_err_set(err, TD_ERR_LIMIT, "kv pool: %d blocks of %zu bytes overflow", n,
+                              bpb);
         }
         void *d = NULL;
         if (posix_memalign(&d, 64, (size_t)total) != 0) {
             free(m);
-            return td_err_set(err, TD_ERR_NOMEM, "kv pool: no memory for %llu bytes of K/V (%d blocks)",
+            return td_err_set(err, TD_ERR_NOMEM,
+                              "kv pool: no memory for %llu bytes of K/V (%d blocks)",
                               (unsigned long long)total, n);
         }
         pool->data = d;
@@ -202,18 +209,24 @@ int td_kv_pool_n_cached(const td_kv_pool *pool) { return pool->n_cached; }
 static void lru_push_tail(td_kv_pool *p, int32_t b) {
     p->lru_prev[b] = p->lru_tail;
     p->lru_next[b] = -1;
-    if (p->lru_tail >= 0) p->lru_next[p->lru_tail] = b;
-    else p->lru_head = b;
+    if (p->lru_tail >= 0)
+        p->lru_next[p->lru_tail] = b;
+    else
+        p->lru_head = b;
     p->lru_tail = b;
     p->n_evictable++;
 }
 
 static void lru_unlink(td_kv_pool *p, int32_t b) {
     int32_t pr = p->lru_prev[b], nx = p->lru_next[b];
-    if (pr >= 0) p->lru_next[pr] = nx;
-    else p->lru_head = nx;
-    if (nx >= 0) p->lru_prev[nx] = pr;
-    else p->lru_tail = pr;
+    if (pr >= 0)
+        p->lru_next[pr] = nx;
+    else
+        p->lru_head = nx;
+    if (nx >= 0)
+        p->lru_prev[nx] = pr;
+    else
+        p->lru_tail = pr;
     p->lru_prev[b] = p->lru_next[b] = -1;
     p->n_evictable--;
 }
@@ -262,8 +275,10 @@ void td_kv_pool_decref(td_kv_pool *pool, int32_t block) {
     TD_ASSERT(block >= 0 && block < pool->n_blocks);
     TD_ASSERT(pool->refcnt[block] > 0);
     if (--pool->refcnt[block] > 0) return;
-    if (pool->entry[block] != TD_KV_NO_ENTRY) lru_push_tail(pool, block);
-    else pool->free_stack[pool->n_free++] = block;
+    if (pool->entry[block] != TD_KV_NO_ENTRY)
+        lru_push_tail(pool, block);
+    else
+        pool->free_stack[pool->n_free++] = block;
 }
 
 int td_kv_pool_refcount(const td_kv_pool *pool, int32_t block) {
@@ -306,7 +321,8 @@ void td_kv_pool_copy(td_kv_pool *pool, int32_t src, int32_t dst, int n_tokens) {
     if (!pool->data || n_tokens == 0 || src == dst) return;
     size_t n = (size_t)n_tokens * pool->row_bytes;
     for (int l = 0; l < pool->n_layers; l++)
-        for (int kv = 0; kv < 2; kv++) memcpy(kv_ptr(pool, dst, l, kv), kv_ptr(pool, src, l, kv), n);
+        for (int kv = 0; kv < 2; kv++)
+            memcpy(kv_ptr(pool, dst, l, kv), kv_ptr(pool, src, l, kv), n);
 }
 
 // ---- Prefix cache.
@@ -378,12 +394,15 @@ td_status td_kv_pool_check(const td_kv_pool *p, td_err *err) {
         return td_err_set(err, TD_ERR_INVALID, "kv pool: counters out of range");
     int n_free = 0, n_evict = 0, n_cached = 0;
     for (int b = 0; b < n; b++) {
-        if (p->refcnt[b] < 0) return td_err_set(err, TD_ERR_INVALID, "block %d: refcount %d", b, p->refcnt[b]);
+        if (p->refcnt[b] < 0)
+            return td_err_set(err, TD_ERR_INVALID, "block %d: refcount %d", b, p->refcnt[b]);
         bool cached = p->entry[b] != TD_KV_NO_ENTRY;
         n_cached += cached;
         if (p->refcnt[b] == 0) {
-            if (cached) n_evict++;
-            else n_free++;
+            if (cached)
+                n_evict++;
+            else
+                n_free++;
         }
         if (!cached && (p->lru_prev[b] >= 0 || p->lru_next[b] >= 0 || p->hnext[b] >= 0))
             return td_err_set(err, TD_ERR_INVALID, "block %d: uncached but linked", b);
@@ -393,9 +412,11 @@ td_status td_kv_pool_check(const td_kv_pool *p, td_err *err) {
     if (n_free != p->n_free)
         return td_err_set(err, TD_ERR_INVALID, "free blocks %d, counter %d", n_free, p->n_free);
     if (n_evict != p->n_evictable)
-        return td_err_set(err, TD_ERR_INVALID, "evictable blocks %d, counter %d", n_evict, p->n_evictable);
+        return td_err_set(err, TD_ERR_INVALID, "evictable blocks %d, counter %d", n_evict,
+                          p->n_evictable);
     if (n_cached != p->n_cached)
-        return td_err_set(err, TD_ERR_INVALID, "cached blocks %d, counter %d", n_cached, p->n_cached);
+        return td_err_set(err, TD_ERR_INVALID, "cached blocks %d, counter %d", n_cached,
+                          p->n_cached);
     // Free stack: exactly the free blocks, each once (the counts agree, so no duplicates means
     // no free block is missing).
     uint8_t *seen = calloc((size_t)n, 1);
@@ -404,7 +425,8 @@ td_status td_kv_pool_check(const td_kv_pool *p, td_err *err) {
         int32_t b = p->free_stack[i];
         if (b < 0 || b >= n || p->refcnt[b] != 0 || p->entry[b] != TD_KV_NO_ENTRY || seen[b]) {
             free(seen);
-            return td_err_set(err, TD_ERR_INVALID, "free stack[%d] = %d is not a distinct free block", i, b);
+            return td_err_set(err, TD_ERR_INVALID,
+                              "free stack[%d] = %d is not a distinct free block", i, b);
         }
         seen[b] = 1;
     }
@@ -413,23 +435,33 @@ td_status td_kv_pool_check(const td_kv_pool *p, td_err *err) {
     int cnt = 0;
     for (int32_t b = p->lru_head, prev = -1; b >= 0; prev = b, b = p->lru_next[b]) {
         if (++cnt > n) return td_err_set(err, TD_ERR_INVALID, "LRU list has a cycle");
-        if (p->lru_prev[b] != prev) return td_err_set(err, TD_ERR_INVALID, "LRU block %d: bad prev link", b);
+        if (p->lru_prev[b] != prev)
+            return td_err_set(err, TD_ERR_INVALID, "LRU block %d: bad prev link", b);
         if (p->refcnt[b] != 0 || p->entry[b] == TD_KV_NO_ENTRY)
             return td_err_set(err, TD_ERR_INVALID, "LRU block %d is not evictable", b);
-        if (p->lru_next[b] < 0 && p->lru_tail != b) return td_err_set(err, TD_ERR_INVALID, "LRU tail wrong");
+        if (p->lru_next[b] < 0 && p->lru_tail != b)
+            return td_err_set(err, TD_ERR_INVALID, "LRU tail wrong");
     }
-    if (cnt != p->n_evictable) return td_err_set(err, TD_ERR_INVALID, "LRU list %d, evictable %d", cnt, p->n_evictable);
+    if (cnt != p->n_evictable)
+        return td_err_set(err, TD_ERR_INVALID, "LRU list %d, evictable %d", cnt, p->n_evictable);
     // Hash chains: every cached block exactly once, in its own bucket; keys unique.
     cnt = 0;
     for (uint64_t k = 0; k <= p->bucket_mask; k++) {
         for (int32_t b = p->buckets[k]; b >= 0; b = p->hnext[b]) {
             if (++cnt > n) return td_err_set(err, TD_ERR_INVALID, "hash chains have a cycle");
-            if (p->entry[b] == TD_KV_NO_ENTRY) return td_err_set(err, TD_ERR_INVALID, "uncached block %d on a chain", b);
-            if ((p->hash[b] & p->bucket_mask) != k) return td_err_set(err, TD_ERR_INVALID, "block %d in the wrong bucket", b);
-            int32_t f = cache_find(p, p->hash[b], p->parent_entry[b], p->tokens + (size_t)b * (size_t)p->block_size);
-            if (f != b) return td_err_set(err, TD_ERR_INVALID, "blocks %d and %d hold the same cache key", f, b);
+            if (p->entry[b] == TD_KV_NO_ENTRY)
+                return td_err_set(err, TD_ERR_INVALID, "uncached block %d on a chain", b);
+            if ((p->hash[b] & p->bucket_mask) != k)
+                return td_err_set(err, TD_ERR_INVALID, "block %d in the wrong bucket", b);
+            int32_t f = cache_find(p, p->hash[b], p->parent_entry[b],
+                                   p->tokens + (size_t)b * (size_t)p->block_size);
+            if (f != b)
+                return td_err_set(err, TD_ERR_INVALID, "blocks %d and %d hold the same cache key",
+                                  f, b);
         }
     }
-    if (cnt != p->n_cached) return td_err_set(err, TD_ERR_INVALID, "chains hold %d blocks, %d cached", cnt, p->n_cached);
+    if (cnt != p->n_cached)
+        return td_err_set(err, TD_ERR_INVALID, "chains hold %d blocks, %d cached", cnt,
+                          p->n_cached);
     return TD_OK;
 }

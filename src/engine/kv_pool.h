@@ -27,16 +27,16 @@ typedef struct td_block_table {
 typedef uint64_t (*td_kv_hash_fn)(uint64_t parent_hash, const int32_t *tokens, int n_tokens);
 
 typedef struct td_kv_pool_params {
-    int block_size;       // tokens per block (default 16)
-    int n_layers;         // layers whose K and V the pool holds
+    int block_size;  // tokens per block (default 16)
+    int n_layers;    // layers whose K and V the pool holds
     int n_kv_heads;
     int head_dim;
-    td_dtype dtype;       // element type of K and V: TD_F32, TD_F16 or TD_BF16
-    size_t budget_bytes;  // bytes for K and V of all layers; n_blocks = budget / bytes_per_block
-    int n_blocks;         // > 0: exactly this many blocks, budget ignored
-    bool alloc_data;      // false: bookkeeping only (scheduler tests, capacity planning); the
-                          // data accessors then return NULL and dims may be 0
-    uint64_t hash_seed;   // parent hash of every sequence's first block (a salt; default 0)
+    td_dtype dtype;         // element type of K and V: TD_F32, TD_F16 or TD_BF16
+    size_t budget_bytes;    // bytes for K and V of all layers; n_blocks = budget / bytes_per_block
+    int n_blocks;           // > 0: exactly this many blocks, budget ignored
+    bool alloc_data;        // false: bookkeeping only (scheduler tests, capacity planning); the
+                            // data accessors then return NULL and dims may be 0
+    uint64_t hash_seed;     // parent hash of every sequence's first block (a salt; default 0)
     td_kv_hash_fn hash_fn;  // NULL: XXH3_64bits_withSeed(tokens, parent_hash)
 } td_kv_pool_params;
 

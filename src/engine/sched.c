@@ -13,15 +13,15 @@ struct td_sched {
     td_kv_pool *pool;  // borrowed
     int bs;            // tokens per block
 
-    int n_slots;         // max_seqs + max_waiting
-    td_seq *slots;       // [n_slots]
-    int *free_slots;     // [n_slots] stack of unused slot ids
+    int n_slots;      // max_seqs + max_waiting
+    td_seq *slots;    // [n_slots]
+    int *free_slots;  // [n_slots] stack of unused slot ids
     int n_free_slots;
-    int *running;        // [max_seqs] slot ids, ordered by seq order (oldest first)
+    int *running;  // [max_seqs] slot ids, ordered by seq order (oldest first)
     int n_running;
-    int *waiting;        // [n_slots] slot ids, ordered by seq order (next to admit first)
+    int *waiting;  // [n_slots] slot ids, ordered by seq order (next to admit first)
     int n_waiting;
-    uint64_t *stamp;     // [n_slots] step number in which the slot was last scheduled
+    uint64_t *stamp;  // [n_slots] step number in which the slot was last scheduled
 
     // id -> slot, linear probing with backward-shift deletion; val -1 = empty.
     uint64_t *map_keys;  // [map_mask + 1]
@@ -113,7 +113,8 @@ td_status td_sched_create(const td_sched_params *p, td_kv_pool *pool, td_sched *
                           "must fit its decode token in one step)",
                           p->max_batched_tokens, p->max_seqs);
     if ((int64_t)p->max_seqs + p->max_waiting > SCHED_MAX_SLOTS)
-        return td_err_set(err, TD_ERR_LIMIT, "sched: max_seqs + max_waiting exceeds %d", SCHED_MAX_SLOTS);
+        return td_err_set(err, TD_ERR_LIMIT, "sched: max_seqs + max_waiting exceeds %d",
+                          SCHED_MAX_SLOTS);
 
     int n_slots = p->max_seqs + p->max_waiting;
     uint64_t map_cap = 1;
@@ -121,7 +122,7 @@ td_status td_sched_create(const td_sched_params *p, td_kv_pool *pool, td_sched *
     size_t sz = 0;
 #define SZ(x) (((x) + 7) & ~(size_t)7)
     sz += SZ((size_t)n_slots * sizeof(td_seq));
-    sz += 3 * SZ((size_t)n_slots * sizeof(int));  // free_slots, waiting, running (over-sized)
+    sz += 3 * SZ((size_t)n_slots * sizeof(int));       // free_slots, waiting, running (over-sized)
     sz += 2 * SZ((size_t)n_slots * sizeof(uint64_t));  // stamp, preempted
     sz += SZ((size_t)map_cap * sizeof(uint64_t)) + SZ((size_t)map_cap * sizeof(int32_t));
     sz += SZ((size_t)p->max_seqs * sizeof(td_sched_entry));
@@ -134,11 +135,11 @@ td_status td_sched_create(const td_sched_params *p, td_kv_pool *pool, td_sched *
         return td_err_set(err, TD_ERR_NOMEM, "sched: no memory for %d slots", n_slots);
     }
     uint8_t *cur = m;
-#define CARVE(ptr, n)                                      \
-    do {                                                   \
-        size_t nb_ = (size_t)(n) * sizeof(*(ptr));         \
-        (ptr) = (void *)cur;                               \
-        cur += (nb_ + 7) & ~(size_t)7;                     \
+#define CARVE(ptr, n)                              \
+    do {                                           \
+        size_t nb_ = (size_t)(n) * sizeof(*(ptr)); \
+        (ptr) = (void *)cur;                       \
+        cur += (nb_ + 7) & ~(size_t)7;             \
     } while (0)
     CARVE(s->slots, n_slots);
     CARVE(s->free_slots, n_slots);
@@ -236,8 +237,10 @@ static int slot_of(const td_sched *s, const td_seq *q) { return (int)(q - s->slo
 
 static void seq_destroy(td_sched *s, td_seq *q) {
     int slot = slot_of(s, q);
-    if (q->state == TD_SEQ_RUNNING) queue_remove(s->running, &s->n_running, slot);
-    else if (q->state == TD_SEQ_WAITING) queue_remove(s->waiting, &s->n_waiting, slot);
+    if (q->state == TD_SEQ_RUNNING)
+        queue_remove(s->running, &s->n_running, slot);
+    else if (q->state == TD_SEQ_WAITING)
+        queue_remove(s->waiting, &s->n_waiting, slot);
     seq_release_blocks(s, q);
     map_del(s, q->id);
     free(q->mem);
@@ -263,15 +266,18 @@ static void seq_commit(td_sched *s, td_seq *q) {
 td_status td_sched_add(td_sched *s, uint64_t seq_id, const int32_t *prompt, int n_prompt,
                        int max_new_tokens, td_err *err) {
     if (n_prompt < 1 || !prompt)
-        return td_err_set(err, TD_ERR_INVALID, "sequence %llu: empty prompt", (unsigned long long)seq_id);
+        return td_err_set(err, TD_ERR_INVALID, "sequence %llu: empty prompt",
+                          (unsigned long long)seq_id);
     if (max_new_tokens < 0)
         return td_err_set(err, TD_ERR_INVALID, "sequence %llu: max_new_tokens %d < 0",
                           (unsigned long long)seq_id, max_new_tokens);
     if (n_prompt > s->p.max_ctx)
-        return td_err_set(err, TD_ERR_LIMIT, "sequence %llu: prompt of %d tokens exceeds the context of %d",
+        return td_err_set(err, TD_ERR_LIMIT,
+                          "sequence %llu: prompt of %d tokens exceeds the context of %d",
                           (unsigned long long)seq_id, n_prompt, s->p.max_ctx);
     if (map_find(s, seq_id) >= 0)
-        return td_err_set(err, TD_ERR_INVALID, "sequence %llu: id already in use", (unsigned long long)seq_id);
+        return td_err_set(err, TD_ERR_INVALID, "sequence %llu: id already in use",
+                          (unsigned long long)seq_id);
     int64_t cap64 = (int64_t)n_prompt + max_new_tokens;
     int capacity = cap64 > s->p.max_ctx ? s->p.max_ctx : (int)cap64;
     int need = cdiv(capacity, s->bs);
@@ -426,7 +432,8 @@ void td_sched_step(td_sched *s, td_sched_out *out) {
         if (want > budget) want = budget;
         int need = cdiv(cached + want, s->bs) - matched;
         int revived = 0;  // hits now evictable: taking them removes them from the available set
-        for (int i = 0; i < matched; i++) revived += td_kv_pool_refcount(s->pool, q->blocks[i]) == 0;
+        for (int i = 0; i < matched; i++)
+            revived += td_kv_pool_refcount(s->pool, q->blocks[i]) == 0;
         if (need > td_kv_pool_n_available(s->pool) - revived) break;
 
         for (int i = 0; i < matched; i++) td_kv_pool_incref(s->pool, q->blocks[i]);
@@ -468,7 +475,8 @@ void td_sched_step(td_sched *s, td_sched_out *out) {
 td_status td_sched_append_token(td_sched *s, uint64_t seq_id, int32_t token, td_err *err) {
     int slot = map_find(s, seq_id);
     if (slot < 0)
-        return td_err_set(err, TD_ERR_NOT_FOUND, "sequence %llu: not found", (unsigned long long)seq_id);
+        return td_err_set(err, TD_ERR_NOT_FOUND, "sequence %llu: not found",
+                          (unsigned long long)seq_id);
     td_seq *q = &s->slots[slot];
     if (q->n_tokens >= q->capacity)
         return td_err_set(err, TD_ERR_LIMIT, "sequence %llu: at its capacity of %d tokens",
@@ -501,11 +509,12 @@ td_status td_sched_cancel(td_sched *s, uint64_t seq_id) {
 td_status td_sched_fork(td_sched *s, uint64_t parent_id, uint64_t child_id, td_err *err) {
     int pslot = map_find(s, parent_id);
     if (pslot < 0)
-        return td_err_set(err, TD_ERR_NOT_FOUND, "fork: sequence %llu not found", (unsigned long long)parent_id);
+        return td_err_set(err, TD_ERR_NOT_FOUND, "fork: sequence %llu not found",
+                          (unsigned long long)parent_id);
     if (map_find(s, child_id) >= 0)
-        return td_err_set(err, TD_ERR_INVALID, "fork: id %llu already in use", (unsigned long long)child_id);
-    if (s->n_free_slots == 0)
-        return td_err_set(err, TD_ERR_LIMIT, "fork: no free sequence slot");
+        return td_err_set(err, TD_ERR_INVALID, "fork: id %llu already in use",
+                          (unsigned long long)child_id);
+    if (s->n_free_slots == 0) return td_err_set(err, TD_ERR_LIMIT, "fork: no free sequence slot");
     int cslot = s->free_slots[s->n_free_slots - 1];
     td_seq *par = &s->slots[pslot], *c = &s->slots[cslot];
     if (seq_init(s, c, child_id, par->capacity) != TD_OK)
@@ -580,15 +589,17 @@ static td_status check_queue(const td_sched *s, const int *q, int n, td_seq_stat
     for (int i = 0; i < n; i++) {
         int slot = q[i];
         if (slot < 0 || slot >= s->n_slots || seen[slot])
-            return td_err_set(err, TD_ERR_INVALID, "%s[%d]: bad or repeated slot %d", name, i, slot);
+            return td_err_set(err, TD_ERR_INVALID, "%s[%d]: bad or repeated slot %d", name, i,
+                              slot);
         seen[slot] = 1;
         const td_seq *x = &s->slots[slot];
-        if (x->state != st) return td_err_set(err, TD_ERR_INVALID, "%s[%d]: state %d", name, i, x->state);
+        if (x->state != st)
+            return td_err_set(err, TD_ERR_INVALID, "%s[%d]: state %d", name, i, x->state);
         if (i && s->slots[q[i - 1]].order > x->order)
             return td_err_set(err, TD_ERR_INVALID, "%s[%d]: out of order", name, i);
         if (map_find(s, x->id) != slot)
-            return td_err_set(err, TD_ERR_INVALID, "%s[%d]: id %llu not mapped to its slot", name, i,
-                              (unsigned long long)x->id);
+            return td_err_set(err, TD_ERR_INVALID, "%s[%d]: id %llu not mapped to its slot", name,
+                              i, (unsigned long long)x->id);
     }
     return TD_OK;
 }
@@ -597,7 +608,8 @@ td_status td_sched_check(const td_sched *s, td_err *err) {
     td_status st = td_kv_pool_check(s->pool, err);
     if (st != TD_OK) return st;
     if (s->n_running > s->p.max_seqs)
-        return td_err_set(err, TD_ERR_INVALID, "%d running > max_seqs %d", s->n_running, s->p.max_seqs);
+        return td_err_set(err, TD_ERR_INVALID, "%d running > max_seqs %d", s->n_running,
+                          s->p.max_seqs);
     int nb = td_kv_pool_n_blocks(s->pool);
     int32_t *refs = calloc((size_t)nb, sizeof *refs);
     uint8_t *seen = calloc((size_t)s->n_slots, 1);
@@ -607,7 +619,8 @@ td_status td_sched_check(const td_sched *s, td_err *err) {
         return td_err_set(err, TD_ERR_NOMEM, "sched check: no memory");
     }
     st = check_queue(s, s->running, s->n_running, TD_SEQ_RUNNING, "running", seen, err);
-    if (st == TD_OK) st = check_queue(s, s->waiting, s->n_waiting, TD_SEQ_WAITING, "waiting", seen, err);
+    if (st == TD_OK)
+        st = check_queue(s, s->waiting, s->n_waiting, TD_SEQ_WAITING, "waiting", seen, err);
     int live = 0;
     for (int slot = 0; st == TD_OK && slot < s->n_slots; slot++) {
         const td_seq *q = &s->slots[slot];
@@ -619,17 +632,21 @@ td_status td_sched_check(const td_sched *s, td_err *err) {
         }
         if (q->n_prompt < 1 || q->n_tokens < q->n_prompt || q->n_tokens > q->capacity ||
             q->n_computed < 0 || q->n_computed > q->n_tokens) {
-            st = td_err_set(err, TD_ERR_INVALID, "seq %llu: token counts (prompt %d, tokens %d, computed %d, cap %d)",
-                            (unsigned long long)q->id, q->n_prompt, q->n_tokens, q->n_computed, q->capacity);
+            st = td_err_set(err, TD_ERR_INVALID,
+                            "seq %llu: token counts (prompt %d, tokens %d, computed %d, cap %d)",
+                            (unsigned long long)q->id, q->n_prompt, q->n_tokens, q->n_computed,
+                            q->capacity);
             break;
         }
         if (q->state == TD_SEQ_WAITING && (q->n_blocks || q->n_computed || q->n_hashed)) {
-            st = td_err_set(err, TD_ERR_INVALID, "waiting seq %llu holds blocks or KV", (unsigned long long)q->id);
+            st = td_err_set(err, TD_ERR_INVALID, "waiting seq %llu holds blocks or KV",
+                            (unsigned long long)q->id);
             break;
         }
         if (q->n_blocks != cdiv(q->n_computed, s->bs) || q->n_blocks > q->max_blocks ||
             q->n_hashed > q->n_computed / s->bs) {
-            st = td_err_set(err, TD_ERR_INVALID, "seq %llu: %d blocks for %d computed tokens (%d hashed)",
+            st = td_err_set(err, TD_ERR_INVALID,
+                            "seq %llu: %d blocks for %d computed tokens (%d hashed)",
                             (unsigned long long)q->id, q->n_blocks, q->n_computed, q->n_hashed);
             break;
         }
@@ -642,20 +659,26 @@ td_status td_sched_check(const td_sched *s, td_err *err) {
         for (int i = 0; i < q->n_hashed; i++) {
             h = td_kv_pool_hash(s->pool, h, q->tokens + (size_t)i * (size_t)s->bs);
             if (h != q->hashes[i]) {
-                st = td_err_set(err, TD_ERR_INVALID, "seq %llu: block %d hash does not chain", (unsigned long long)q->id, i);
+                st = td_err_set(err, TD_ERR_INVALID, "seq %llu: block %d hash does not chain",
+                                (unsigned long long)q->id, i);
                 break;
             }
         }
         for (int i = 0; st == TD_OK && i < q->n_blocks; i++) {
             int32_t b = q->blocks[i];
-            if (b < 0 || b >= nb) st = td_err_set(err, TD_ERR_INVALID, "seq %llu: block id %d", (unsigned long long)q->id, b);
-            else refs[b]++;
+            if (b < 0 || b >= nb)
+                st = td_err_set(err, TD_ERR_INVALID, "seq %llu: block id %d",
+                                (unsigned long long)q->id, b);
+            else
+                refs[b]++;
         }
     }
     if (st == TD_OK && live != s->n_running + s->n_waiting)
-        st = td_err_set(err, TD_ERR_INVALID, "%d live sequences, %d queued", live, s->n_running + s->n_waiting);
+        st = td_err_set(err, TD_ERR_INVALID, "%d live sequences, %d queued", live,
+                        s->n_running + s->n_waiting);
     if (st == TD_OK && live + s->n_free_slots != s->n_slots)
-        st = td_err_set(err, TD_ERR_INVALID, "%d live + %d free slots != %d", live, s->n_free_slots, s->n_slots);
+        st = td_err_set(err, TD_ERR_INVALID, "%d live + %d free slots != %d", live, s->n_free_slots,
+                        s->n_slots);
     for (int b = 0; st == TD_OK && b < nb; b++)
         if (refs[b] != td_kv_pool_refcount(s->pool, b))
             st = td_err_set(err, TD_ERR_INVALID, "block %d: refcount %d but %d table references", b,

@@ -24,14 +24,15 @@
 typedef struct td_sched td_sched;
 
 typedef struct td_sched_params {
-    int max_batched_tokens;   // tokens per step, decodes and prefill chunks together (>= max_seqs)
-    int max_seqs;             // running sequences at once
-    int max_waiting;          // queued sequences accepted by td_sched_add beyond those
-    int max_ctx;              // tokens per sequence (prompt + generated)
+    int max_batched_tokens;  // tokens per step, decodes and prefill chunks together (>= max_seqs)
+    int max_seqs;            // running sequences at once
+    int max_waiting;         // queued sequences accepted by td_sched_add beyond those
+    int max_ctx;             // tokens per sequence (prompt + generated)
     bool enable_prefix_cache;
 } td_sched_params;
 
-td_sched_params td_sched_default_params(void);  // 2048 tokens, 64 seqs, 1024 waiting, ctx 4096, cache on
+td_sched_params td_sched_default_params(
+    void);  // 2048 tokens, 64 seqs, 1024 waiting, ctx 4096, cache on
 
 // Creates a scheduler over `pool` (borrowed: it must outlive the scheduler, and the scheduler
 // must be its only client). Slots for max_seqs + max_waiting sequences and the step output are
@@ -63,12 +64,12 @@ typedef struct td_sched_entry {
 typedef struct td_sched_out {
     const td_sched_entry *entries;  // [n_entries]: decodes first, then prefill chunks
     int n_entries;
-    int n_decode;                   // entries [0, n_decode) are decodes (1 token each)
-    int n_tokens;                   // sum of n_tokens, <= max_batched_tokens
-    const uint64_t *preempted;      // [n_preempted] ids sent back to the waiting queue this step
+    int n_decode;               // entries [0, n_decode) are decodes (1 token each)
+    int n_tokens;               // sum of n_tokens, <= max_batched_tokens
+    const uint64_t *preempted;  // [n_preempted] ids sent back to the waiting queue this step
     int n_preempted;
-    int n_admitted;                 // sequences moved from waiting to running this step
-    int n_new_blocks;               // blocks allocated this step
+    int n_admitted;    // sequences moved from waiting to running this step
+    int n_new_blocks;  // blocks allocated this step
 } td_sched_out;
 
 // Forms the next batch (policy in docs/engine.md). Everything `out` points to is owned by the
@@ -105,11 +106,11 @@ const td_seq *td_sched_get(const td_sched *s, uint64_t seq_id);
 
 typedef struct td_sched_stats {
     int n_running, n_waiting;
-    int n_blocks;            // pool size
-    int n_blocks_free;       // free (never cached or evicted)
-    int n_blocks_evictable;  // cached and unreferenced
-    int n_blocks_used;       // referenced by sequences
-    double kv_usage;         // n_blocks_used / n_blocks
+    int n_blocks;             // pool size
+    int n_blocks_free;        // free (never cached or evicted)
+    int n_blocks_evictable;   // cached and unreferenced
+    int n_blocks_used;        // referenced by sequences
+    double kv_usage;          // n_blocks_used / n_blocks
     uint64_t prefix_queries;  // tokens looked up at admissions (each admission counts its tokens)
     uint64_t prefix_hits;     // of which found in the cache
     uint64_t n_preemptions;

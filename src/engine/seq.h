@@ -9,9 +9,9 @@
 #include <stdint.h>
 
 typedef enum td_seq_state {
-    TD_SEQ_FREE = 0,   // slot unused
-    TD_SEQ_WAITING,    // queued (new, forked without room, or preempted); holds no blocks
-    TD_SEQ_RUNNING,    // admitted; holds blocks for positions [0, n_computed)
+    TD_SEQ_FREE = 0,  // slot unused
+    TD_SEQ_WAITING,   // queued (new, forked without room, or preempted); holds no blocks
+    TD_SEQ_RUNNING,   // admitted; holds blocks for positions [0, n_computed)
 } td_seq_state;
 
 typedef struct td_seq {
@@ -41,12 +41,12 @@ typedef struct td_seq {
     uint64_t *entries;  // [max_blocks]
     int n_hashed;
 
-    bool prefilling;     // still computing tokens it already knows (prompt, or recompute after
-                         // preemption); false once a chunk reached n_tokens (decode phase)
-    uint64_t order;      // FCFS rank: arrival number (a fork shares its parent's)
-    int n_cached_tokens; // prefix-cache hit at the first admission (tokens)
+    bool prefilling;      // still computing tokens it already knows (prompt, or recompute after
+                          // preemption); false once a chunk reached n_tokens (decode phase)
+    uint64_t order;       // FCFS rank: arrival number (a fork shares its parent's)
+    int n_cached_tokens;  // prefix-cache hit at the first admission (tokens)
     int n_preemptions;
-    void *mem;           // the one allocation that tokens, blocks, hashes, entries live in
+    void *mem;  // the one allocation that tokens, blocks, hashes, entries live in
 } td_seq;
 
 #endif

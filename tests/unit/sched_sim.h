@@ -22,12 +22,12 @@
 typedef struct sim_req {
     bool used, live, finished, cancelled;
     int n_prompt, target_out, n_out, cap;
-    int32_t *tok;   // [cap] the test's own copy of the sequence
-    uint64_t *ph;   // [cap] ph[p] = hash of tok[0..p]
+    int32_t *tok;  // [cap] the test's own copy of the sequence
+    uint64_t *ph;  // [cap] ph[p] = hash of tok[0..p]
     int n_tok;
     int64_t add_step, admit_step, finish_step;  // -1 until it happens
-    int n_cached_tokens;                         // from the first admission entry
-    int n_fork;                                  // children to fork at the first sample
+    int n_cached_tokens;                        // from the first admission entry
+    int n_fork;                                 // children to fork at the first sample
 } sim_req;
 
 typedef struct sim {
@@ -165,7 +165,8 @@ static inline uint64_t sim_fork(sim *s, uint64_t id) {
     sim_req *p = &s->r[id], *c = &s->r[cid];
     td_err err = {0};
     td_status st = td_sched_fork(s->sched, id, cid, &err);
-    if (st == TD_ERR_LIMIT) return UINT64_MAX;  // no free slot: the engine would serve fewer samples
+    if (st == TD_ERR_LIMIT)
+        return UINT64_MAX;  // no free slot: the engine would serve fewer samples
     CHECK(st == TD_OK, "fork %llu: %s", (unsigned long long)id, err.msg);
     if (st != TD_OK) return UINT64_MAX;
     memset(c, 0, sizeof *c);
@@ -227,12 +228,14 @@ static inline int sim_step(sim *s, td_sched_out *out_copy) {
             s->admit_log[s->n_admit_log++] = e->seq_id;
         }
         if (e->start_pos + e->n_tokens > q->n_tok) {
-            sim_error(s, "entry reaches %d of %d known tokens", e->seq_id, e->start_pos + e->n_tokens, q->n_tok);
+            sim_error(s, "entry reaches %d of %d known tokens", e->seq_id,
+                      e->start_pos + e->n_tokens, q->n_tok);
             continue;
         }
         if (e->table.n_tokens != e->start_pos + e->n_tokens ||
             e->table.n_blocks != (e->table.n_tokens + s->bs - 1) / s->bs)
-            sim_error(s, "table covers %d tokens in %d blocks", e->seq_id, e->table.n_tokens, e->table.n_blocks);
+            sim_error(s, "table covers %d tokens in %d blocks", e->seq_id, e->table.n_tokens,
+                      e->table.n_blocks);
         for (int j = 0; j < e->n_tokens; j++)
             if (e->tokens[j] != q->tok[e->start_pos + j]) {
                 sim_error(s, "token at %d differs (%d)", e->seq_id, e->start_pos + j, e->tokens[j]);
@@ -240,12 +243,15 @@ static inline int sim_step(sim *s, td_sched_out *out_copy) {
             }
         for (int p = 0; p < e->start_pos; p++)
             if (sim_kv_read(s, &e->table, p) != q->ph[p]) {
-                sim_error(s, "KV at position %d of %d is not this sequence's", e->seq_id, p, e->start_pos);
+                sim_error(s, "KV at position %d of %d is not this sequence's", e->seq_id, p,
+                          e->start_pos);
                 break;
             }
-        for (int j = 0; j < e->n_tokens; j++) sim_kv_write(s, &e->table, e->start_pos + j, q->ph[e->start_pos + j]);
+        for (int j = 0; j < e->n_tokens; j++)
+            sim_kv_write(s, &e->table, e->start_pos + j, q->ph[e->start_pos + j]);
         if (e->needs_logits != (e->start_pos + e->n_tokens == q->n_tok))
-            sim_error(s, "needs_logits %d at end %d", e->seq_id, e->needs_logits, e->start_pos + e->n_tokens);
+            sim_error(s, "needs_logits %d at end %d", e->seq_id, e->needs_logits,
+                      e->start_pos + e->n_tokens);
         if (e->needs_logits && n_sample < 1024) to_sample[n_sample++] = e->seq_id;
     }
     for (int i = 0; i < n_sample; i++) {

@@ -36,7 +36,8 @@ static void test_sizing(void) {
     p.n_kv_heads = 2;
     p.head_dim = 8;
     // 16 tokens * 4 layers * 2 (K,V) * 2 heads * 8 dims * 4 bytes
-    CHECK(td_kv_pool_bytes_per_block(&p) == 8192, "bytes per block %zu", td_kv_pool_bytes_per_block(&p));
+    CHECK(td_kv_pool_bytes_per_block(&p) == 8192, "bytes per block %zu",
+          td_kv_pool_bytes_per_block(&p));
     p.dtype = TD_BF16;
     CHECK(td_kv_pool_bytes_per_block(&p) == 4096, "bf16 bytes per block");
     p.dtype = TD_Q8_0;
@@ -56,7 +57,8 @@ static void test_sizing(void) {
     }
     pool = make(16, 4, 2, 8, TD_F32, 8192 * 5, 0);  // exact multiple
     if (pool) {
-        CHECK(td_kv_pool_n_blocks(pool) == 5, "exact budget: n_blocks %d", td_kv_pool_n_blocks(pool));
+        CHECK(td_kv_pool_n_blocks(pool) == 5, "exact budget: n_blocks %d",
+              td_kv_pool_n_blocks(pool));
         td_kv_pool_free(pool);
     }
     pool = make(16, 4, 2, 8, TD_F32, 1, 7);  // explicit count wins over the budget
@@ -119,7 +121,8 @@ static void test_layout(void) {
                 }
     }
     CHECK(bad == 0, "%d elements misplaced (K/V planes overlap or layout differs)", bad);
-    CHECK((char *)td_kv_pool_k_raw(pool, 2, 1) == (char *)td_kv_pool_layer_k(pool, 1) + 2 * bs * kvd * 4,
+    CHECK((char *)td_kv_pool_k_raw(pool, 2, 1) ==
+              (char *)td_kv_pool_layer_k(pool, 1) + 2 * bs * kvd * 4,
           "raw pointer of block 2 layer 1");
 
     // Copy of a partial block: slots [0, 3) of every layer move, slot 3 stays.

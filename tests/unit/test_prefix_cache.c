@@ -54,14 +54,17 @@ static void test_chain(td_kv_hash_fn fn, const char *what) {
 
     CHECK(td_kv_pool_cache_match(pool, a, 3, NULL, NULL, got) == 3, "%s: full match", what);
     CHECK(got[0] == ba[0] && got[1] == ba[1] && got[2] == ba[2], "%s: matched blocks", what);
-    CHECK(td_kv_pool_cache_match(pool, a, 2, NULL, NULL, NULL) == 2, "%s: match limited by n_blocks", what);
+    CHECK(td_kv_pool_cache_match(pool, a, 2, NULL, NULL, NULL) == 2,
+          "%s: match limited by n_blocks", what);
 
     int32_t b[12];
     memcpy(b, a, sizeof b);
     b[9] = 99;  // third block differs
-    CHECK(td_kv_pool_cache_match(pool, b, 3, NULL, NULL, got) == 2, "%s: diverging 3rd block", what);
+    CHECK(td_kv_pool_cache_match(pool, b, 3, NULL, NULL, got) == 2, "%s: diverging 3rd block",
+          what);
     b[0] = 99;  // first block differs: nothing matches although blocks 2.. are equal
-    CHECK(td_kv_pool_cache_match(pool, b, 3, NULL, NULL, NULL) == 0, "%s: diverging 1st block", what);
+    CHECK(td_kv_pool_cache_match(pool, b, 3, NULL, NULL, NULL) == 0, "%s: diverging 1st block",
+          what);
 
     // Same tokens in block 1 after a different block 0: must not hit a's block 1.
     int32_t c[8] = {100, 101, 102, 103, 5, 6, 7, 8};
@@ -78,10 +81,11 @@ static void test_chain(td_kv_hash_fn fn, const char *what) {
     int32_t dup;
     td_kv_pool_alloc(pool, &dup);
     uint64_t e0;
-    CHECK(td_kv_pool_cache_lookup(pool, td_kv_pool_hash(pool, td_kv_pool_root_hash(pool), a), 0, a, &e0) == ba[0],
+    CHECK(td_kv_pool_cache_lookup(pool, td_kv_pool_hash(pool, td_kv_pool_root_hash(pool), a), 0, a,
+                                  &e0) == ba[0],
           "%s: lookup", what);
-    uint64_t e = td_kv_pool_cache_insert(pool, dup, td_kv_pool_hash(pool, td_kv_pool_root_hash(pool), a),
-                                         TD_KV_NO_ENTRY, a);
+    uint64_t e = td_kv_pool_cache_insert(
+        pool, dup, td_kv_pool_hash(pool, td_kv_pool_root_hash(pool), a), TD_KV_NO_ENTRY, a);
     CHECK(e == e0, "%s: duplicate returns the existing entry", what);
     CHECK(td_kv_pool_n_cached(pool) == 5, "%s: duplicate not cached", what);
     int nfree = td_kv_pool_n_free(pool);
@@ -90,8 +94,10 @@ static void test_chain(td_kv_hash_fn fn, const char *what) {
     CHECK(td_kv_pool_check(pool, NULL) == TD_OK, "%s: check", what);
     release(pool, ba, 3);
     release(pool, bc, 2);
-    CHECK(td_kv_pool_n_evictable(pool) == 5 && td_kv_pool_n_free(pool) == 27, "%s: all evictable", what);
-    CHECK(td_kv_pool_cache_match(pool, a, 3, NULL, NULL, NULL) == 3, "%s: evictable still hit", what);
+    CHECK(td_kv_pool_n_evictable(pool) == 5 && td_kv_pool_n_free(pool) == 27, "%s: all evictable",
+          what);
+    CHECK(td_kv_pool_cache_match(pool, a, 3, NULL, NULL, NULL) == 3, "%s: evictable still hit",
+          what);
     CHECK(td_kv_pool_check(pool, NULL) == TD_OK, "%s: check", what);
     td_kv_pool_free(pool);
 }
@@ -109,7 +115,8 @@ static void test_orphan(void) {
     td_kv_pool_decref(pool, ba[1]);
     int32_t x, y;
     CHECK(td_kv_pool_alloc(pool, &x) == TD_OK && x == 2, "free block first");
-    CHECK(td_kv_pool_alloc(pool, &y) == TD_OK && y == ba[0], "then the LRU head (parent) is evicted");
+    CHECK(td_kv_pool_alloc(pool, &y) == TD_OK && y == ba[0],
+          "then the LRU head (parent) is evicted");
     CHECK(td_kv_pool_cache_match(pool, a, 2, NULL, NULL, NULL) == 0, "no parent, no match");
     // Recompute block 0 of a into y and cache it again: a new entry.
     uint64_t e = td_kv_pool_cache_insert(pool, y, td_kv_pool_hash(pool, 0, a), TD_KV_NO_ENTRY, a);
@@ -146,11 +153,12 @@ static void test_lru(void) {
     // Free blocks go first (they cost no cache), then LRU order.
     for (int i = 0; i < 6; i++) CHECK(td_kv_pool_alloc(pool, &x[i]) == TD_OK, "alloc %d", i);
     CHECK(x[0] == 4 && x[1] == 5, "free blocks before evictions: %d %d", x[0], x[1]);
-    CHECK(x[2] == b[2] && x[3] == b[3] && x[4] == b[1] && x[5] == b[0], "eviction order %d %d %d %d",
-          x[2], x[3], x[4], x[5]);
+    CHECK(x[2] == b[2] && x[3] == b[3] && x[4] == b[1] && x[5] == b[0],
+          "eviction order %d %d %d %d", x[2], x[3], x[4], x[5]);
     CHECK(td_kv_pool_n_cached(pool) == 0, "evicted blocks left the cache");
     for (int i = 0; i < 4; i++)
-        CHECK(td_kv_pool_cache_lookup(pool, td_kv_pool_hash(pool, 0, t[i]), 0, t[i], NULL) < 0, "gone");
+        CHECK(td_kv_pool_cache_lookup(pool, td_kv_pool_hash(pool, 0, t[i]), 0, t[i], NULL) < 0,
+              "gone");
     CHECK(td_kv_pool_check(pool, NULL) == TD_OK, "check");
     td_kv_pool_free(pool);
 }
@@ -194,8 +202,7 @@ static void test_sched_hits(void) {
         {40, 40, 32},  // whole prompt cached: 2 of its 3 blocks (the 3rd is partial anyway)
         {32, 32, 16},  // prompt = 2 cached blocks: the last block is recomputed for the logits
         {16, 16, 0},   // one full cached block, but the last token must be computed
-        {17, 17, 16},
-        {0, 40, 0},    // different first block
+        {17, 17, 16}, {0, 40, 0},  // different first block
     };
     uint64_t q = 40, h = 0;
     for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
@@ -208,9 +215,9 @@ static void test_sched_hits(void) {
         td_sched_stats_get(s.sched, &st);
         CHECK(s.r[id].n_cached_tokens == cases[c].hits, "case %d: %d cached tokens, want %d", c,
               s.r[id].n_cached_tokens, cases[c].hits);
-        CHECK(st.prefix_queries == q && st.prefix_hits == h, "case %d: hits %llu/%llu want %llu/%llu", c,
-              (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries,
-              (unsigned long long)h, (unsigned long long)q);
+        CHECK(st.prefix_queries == q && st.prefix_hits == h,
+              "case %d: hits %llu/%llu want %llu/%llu", c, (unsigned long long)st.prefix_hits,
+              (unsigned long long)st.prefix_queries, (unsigned long long)h, (unsigned long long)q);
     }
     // Generated tokens are cached too: a sequence of 20 prompt tokens that generated 19 more
     // (fed back: 39 computed) cached 2 full blocks, the 2nd mostly generated tokens. A prompt
@@ -219,8 +226,8 @@ static void test_sched_hits(void) {
     CHECK(s.r[30].n_tok == 39, "seq 30 holds %d tokens", s.r[30].n_tok);
     run_one(&s, 31, s.r[30].tok, 33, 2);
     CHECK(s.r[31].n_cached_tokens == 32, "generated block hit: %d cached", s.r[31].n_cached_tokens);
-    CHECK(s.errors == 0 && s.check_errors == 0, "fake engine found %d errors, %d invariant failures",
-          s.errors, s.check_errors);
+    CHECK(s.errors == 0 && s.check_errors == 0,
+          "fake engine found %d errors, %d invariant failures", s.errors, s.check_errors);
     CHECK(sim_pool_whole(&s), "pool whole");
     sim_destroy(&s);
 }
@@ -237,7 +244,8 @@ static void test_sched_same_step(void) {
     sim_step(&s, NULL);
     CHECK(s.r[1].n_cached_tokens == 0 && s.r[2].n_cached_tokens == 0, "same-step: no hits");
     sim_step(&s, NULL);
-    CHECK(td_kv_pool_n_cached(s.pool) == 3, "3 blocks cached once: %d", td_kv_pool_n_cached(s.pool));
+    CHECK(td_kv_pool_n_cached(s.pool) == 3, "3 blocks cached once: %d",
+          td_kv_pool_n_cached(s.pool));
     CHECK(sim_add(&s, 3, pr, 50, 4) == TD_OK, "add 3");
     sim_run(&s, 100);
     CHECK(s.r[3].n_cached_tokens == 48, "later one hits 48: %d", s.r[3].n_cached_tokens);
@@ -259,7 +267,8 @@ static void test_sched_lru(void) {
     // cached per 9-token prompt, the partial 3rd freed. LRU after both: a1 a0 b1 b0.
     run_one(&s, 1, a, 9, 1);
     run_one(&s, 2, b, 9, 1);
-    CHECK(td_kv_pool_n_evictable(s.pool) == 4 && td_kv_pool_n_free(s.pool) == 4, "4 cached, 4 free");
+    CHECK(td_kv_pool_n_evictable(s.pool) == 4 && td_kv_pool_n_free(s.pool) == 4,
+          "4 cached, 4 free");
     // c needs 5 blocks: the 4 free ones and one eviction, a's block 1.
     run_one(&s, 3, c, 17, 1);
     run_one(&s, 4, b, 9, 1);
@@ -282,7 +291,8 @@ static void test_sched_disabled(void) {
     run_one(&s, 2, pr, 40, 2);
     td_sched_stats st;
     td_sched_stats_get(s.sched, &st);
-    CHECK(st.prefix_hits == 0 && td_kv_pool_n_cached(s.pool) == 0, "cache off: no hits, nothing cached");
+    CHECK(st.prefix_hits == 0 && td_kv_pool_n_cached(s.pool) == 0,
+          "cache off: no hits, nothing cached");
     CHECK(td_kv_pool_n_free(s.pool) == 64, "all free");
     CHECK(s.errors == 0 && s.check_errors == 0, "fake engine found %d errors", s.errors);
     sim_destroy(&s);
@@ -318,8 +328,8 @@ static void test_sched_collisions(void) {
     // Each 4-block prefix pattern of r (mod 16) repeats at r + 16: full hits then. Earlier
     // ones hit their longest previously seen prefix.
     CHECK(hits > 0, "collisions still allow hits: %d", hits);
-    CHECK(s.errors == 0 && s.check_errors == 0, "fake engine found %d errors, %d invariant failures",
-          s.errors, s.check_errors);
+    CHECK(s.errors == 0 && s.check_errors == 0,
+          "fake engine found %d errors, %d invariant failures", s.errors, s.check_errors);
     int exp = 0;  // independent count: longest common prefix (in blocks) with any earlier prompt
     for (int r = 0; r < 32; r++) {
         int best = 0;

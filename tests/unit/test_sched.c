@@ -53,7 +53,8 @@ static void test_params(void) {
     CHECK(td_sched_add(s, 3, pr, 3, 1, &err) == TD_ERR_LIMIT, "waiting queue full (2)");
     // max_new beyond max_ctx is clamped, not rejected.
     CHECK(td_sched_cancel(s, 2) == TD_OK, "cancel");
-    CHECK(td_sched_add(s, 3, pr, 3, 1000000, &err) == TD_ERR_LIMIT, "clamped to 64 tokens = 16 blocks > 10");
+    CHECK(td_sched_add(s, 3, pr, 3, 1000000, &err) == TD_ERR_LIMIT,
+          "clamped to 64 tokens = 16 blocks > 10");
     CHECK(td_sched_cancel(s, 2) == TD_ERR_NOT_FOUND, "cancel twice");
     CHECK(td_sched_finish(s, 99) == TD_ERR_NOT_FOUND, "finish unknown");
     CHECK(td_sched_append_token(s, 99, 5, &err) == TD_ERR_NOT_FOUND, "append unknown");
@@ -79,7 +80,8 @@ static void test_trace_chunking(void) {
           "step 1: A[0,8)");
     CHECK(o.entries[0].n_new_blocks == 2 && o.n_new_blocks == 2 && o.n_admitted == 1, "2 blocks");
     sim_step(&s, &o);  // A's last chunk, then B admitted
-    CHECK(o.n_entries == 2 && o.n_decode == 0 && o.n_tokens == 7, "step 2: 2 prefill entries, 7 tokens");
+    CHECK(o.n_entries == 2 && o.n_decode == 0 && o.n_tokens == 7,
+          "step 2: 2 prefill entries, 7 tokens");
     CHECK(o.entries[0].seq_id == 1 && o.entries[0].start_pos == 8 && o.entries[0].n_tokens == 2 &&
               o.entries[0].needs_logits && o.entries[0].n_new_blocks == 1,
           "step 2: A[8,10) with logits");
@@ -117,7 +119,8 @@ static void test_long_prompt_chunked(void) {
         bad += o.n_decode != 3 || o.n_tokens > 64;
         for (int i = 0; i < 3; i++) bad += o.entries[i].n_tokens != 1 || o.entries[i].is_prefill;
         bad += o.n_entries != 4 || o.entries[3].seq_id != 4;
-        if (o.n_entries == 4) bad += o.entries[3].n_tokens != (o.entries[3].needs_logits ? 1000 - 16 * 61 : 61);
+        if (o.n_entries == 4)
+            bad += o.entries[3].n_tokens != (o.entries[3].needs_logits ? 1000 - 16 * 61 : 61);
         for (uint64_t i = 1; i <= 3; i++) {
             int c = td_sched_get(s.sched, i)->n_computed;
             bad += c != last[i] + 1;
@@ -128,7 +131,8 @@ static void test_long_prompt_chunked(void) {
     CHECK(steps == 17, "1000 tokens in chunks of 61: %d steps, want 17", steps);
     for (uint64_t i = 1; i <= 3; i++) td_sched_cancel(s.sched, i), s.r[i].live = false;
     sim_run(&s, 100);
-    CHECK(s.r[4].finished && s.errors == 0 && s.check_errors == 0, "long prompt finished, %d errors", s.errors);
+    CHECK(s.r[4].finished && s.errors == 0 && s.check_errors == 0,
+          "long prompt finished, %d errors", s.errors);
     CHECK(sim_pool_whole(&s), "pool whole");
     sim_destroy(&s);
 }
@@ -149,7 +153,8 @@ static void test_max_seqs(void) {
     }
     CHECK(bad == 0, "max_seqs exceeded %d times", bad);
     for (int i = 0; i < 10; i++) CHECK(s.r[i].finished, "seq %d finished", i);
-    for (int i = 1; i < s.n_admit_log; i++) CHECK(s.admit_log[i] > s.admit_log[i - 1], "FCFS admission");
+    for (int i = 1; i < s.n_admit_log; i++)
+        CHECK(s.admit_log[i] > s.admit_log[i - 1], "FCFS admission");
     CHECK(s.max_entries_seen == 3, "3 ran together");
     CHECK(s.errors == 0 && s.check_errors == 0, "fake engine: %d errors", s.errors);
     sim_destroy(&s);
@@ -169,9 +174,11 @@ static void test_trace_preemption(void) {
     CHECK(o.n_entries == 2 && o.n_decode == 2 && o.n_new_blocks == 0, "step 2: decodes, no blocks");
     sim_step(&s, &o);  // A needs a 3rd block: B, the newest, is preempted
     CHECK(o.n_preempted == 1 && o.preempted[0] == 2, "step 3: B preempted");
-    CHECK(o.n_entries == 1 && o.entries[0].seq_id == 1 && o.entries[0].n_new_blocks == 1, "step 3: A runs");
+    CHECK(o.n_entries == 1 && o.entries[0].seq_id == 1 && o.entries[0].n_new_blocks == 1,
+          "step 3: A runs");
     const td_seq *b = td_sched_get(s.sched, 2);
-    CHECK(b && b->state == TD_SEQ_WAITING && b->n_blocks == 0 && b->n_preemptions == 1 && b->n_tokens == 5,
+    CHECK(b && b->state == TD_SEQ_WAITING && b->n_blocks == 0 && b->n_preemptions == 1 &&
+              b->n_tokens == 5,
           "B waits with its 5 tokens and no blocks");
     // A took B's LRU tail block (positions 2,3); B's first block stays cached but one hit
     // leaves B needing 2 more blocks, and only that cached one is left: B waits.
@@ -229,11 +236,14 @@ static void test_fairness(void) {
     td_sched_stats_get(s.sched, &st);
     CHECK(st.kv_usage > 0.49 && st.kv_usage < 0.51, "kv usage 10/20 blocks: %.3f", st.kv_usage);
     sim_run(&s, 1000);
-    for (uint64_t i = 1; i < 13; i++) CHECK(s.r[i].finished, "seq %llu finished", (unsigned long long)i);
+    for (uint64_t i = 1; i < 13; i++)
+        CHECK(s.r[i].finished, "seq %llu finished", (unsigned long long)i);
     for (uint64_t i = 3; i < 13; i++)
-        CHECK(s.r[i].admit_step >= s.r[2].admit_step, "short seq %llu admitted at step %lld before the long one (%lld)",
+        CHECK(s.r[i].admit_step >= s.r[2].admit_step,
+              "short seq %llu admitted at step %lld before the long one (%lld)",
               (unsigned long long)i, (long long)s.r[i].admit_step, (long long)s.r[2].admit_step);
-    CHECK(s.r[2].admit_step >= s.r[1].finish_step, "the long one waited for seq 1 (admitted at %lld, seq 1 done at %lld)",
+    CHECK(s.r[2].admit_step >= s.r[1].finish_step,
+          "the long one waited for seq 1 (admitted at %lld, seq 1 done at %lld)",
           (long long)s.r[2].admit_step, (long long)s.r[1].finish_step);
     CHECK(s.r[1].finish_step >= 20, "seq 1 ran its 20 steps: %lld", (long long)s.r[1].finish_step);
     CHECK(s.errors == 0 && s.check_errors == 0, "fake engine: %d errors", s.errors);
@@ -260,8 +270,9 @@ static void test_cancel_states(void) {
     sim_step(&s, NULL);
     CHECK(td_sched_get(s.sched, 2)->n_computed == 8 && used_blocks(&s) == 2, "prefilling");
     sim_cancel(&s, 2);
-    CHECK(used_blocks(&s) == 0 && td_kv_pool_n_cached(s.pool) == 0 && td_kv_pool_n_free(s.pool) == 16,
-          "cancel prefilling: all free, nothing cached");
+    CHECK(
+        used_blocks(&s) == 0 && td_kv_pool_n_cached(s.pool) == 0 && td_kv_pool_n_free(s.pool) == 16,
+        "cancel prefilling: all free, nothing cached");
     // Running, decoding.
     sim_add_gen(&s, 3, 3, 6, 10);
     sim_step(&s, NULL);
@@ -274,8 +285,9 @@ static void test_cancel_states(void) {
     sim_add_gen(&s, 5, 5, 7, 25);
     sim_add_gen(&s, 6, 6, 7, 25);
     int guard = 0;
-    while (guard++ < 200 && !(td_sched_get(s.sched, 6) && td_sched_get(s.sched, 6)->n_preemptions > 0 &&
-                              td_sched_get(s.sched, 6)->state == TD_SEQ_WAITING))
+    while (guard++ < 200 &&
+           !(td_sched_get(s.sched, 6) && td_sched_get(s.sched, 6)->n_preemptions > 0 &&
+             td_sched_get(s.sched, 6)->state == TD_SEQ_WAITING))
         sim_step(&s, NULL);
     CHECK(guard < 200, "seq 6 got preempted");
     int before = used_blocks(&s);
@@ -323,15 +335,17 @@ static void test_fork(void) {
         for (int i = 0; i < full; i++)
             CHECK(td_kv_pool_refcount(s.pool, par->blocks[i]) == 4, "full block %d shared by 4", i);
         if (variant == 0) {
-            CHECK(td_kv_pool_refcount(s.pool, par->blocks[2]) == 1, "parent's partial block private");
+            CHECK(td_kv_pool_refcount(s.pool, par->blocks[2]) == 1,
+                  "parent's partial block private");
             for (int k = 0; k < 3; k++) {
                 const td_seq *c = td_sched_get(s.sched, kids[k]);
-                CHECK(c->n_blocks == 3 && c->blocks[2] != par->blocks[2], "child %d has its own copy", k);
-                CHECK(memcmp(td_kv_pool_k(s.pool, c->blocks[2], 0), td_kv_pool_k(s.pool, par->blocks[2], 0),
-                             8 * 2 * sizeof(float)) == 0,
+                CHECK(c->n_blocks == 3 && c->blocks[2] != par->blocks[2],
+                      "child %d has its own copy", k);
+                CHECK(memcmp(td_kv_pool_k(s.pool, c->blocks[2], 0),
+                             td_kv_pool_k(s.pool, par->blocks[2], 0), 8 * 2 * sizeof(float)) == 0,
                       "copied K of the 8 filled slots");
-                CHECK(memcmp(td_kv_pool_v(s.pool, c->blocks[2], 0), td_kv_pool_v(s.pool, par->blocks[2], 0),
-                             8 * 2 * sizeof(float)) == 0,
+                CHECK(memcmp(td_kv_pool_v(s.pool, c->blocks[2], 0),
+                             td_kv_pool_v(s.pool, par->blocks[2], 0), 8 * 2 * sizeof(float)) == 0,
                       "copied V");
             }
             CHECK(used_blocks(&s) == 2 + 4, "2 shared + 4 partial blocks");
@@ -342,7 +356,8 @@ static void test_fork(void) {
         sim_run(&s, 200);
         for (int k = 0; k < 3; k++) CHECK(s.r[kids[k]].finished, "child %d finished", k);
         CHECK(s.r[1].finished, "parent finished");
-        CHECK(s.r[kids[0]].tok[n_prompt] != s.r[kids[1]].tok[n_prompt], "children sampled differently");
+        CHECK(s.r[kids[0]].tok[n_prompt] != s.r[kids[1]].tok[n_prompt],
+              "children sampled differently");
         CHECK(s.errors == 0 && s.check_errors == 0, "fake engine: %d errors", s.errors);
         CHECK(sim_pool_whole(&s), "all forks freed: pool whole");
         sim_destroy(&s);
@@ -359,7 +374,8 @@ static void test_fork(void) {
     CHECK(s.r[child].n_tok == 40 + 3, "child has its own tokens");
     td_sched_stats st;
     td_sched_stats_get(s.sched, &st);
-    CHECK(st.prefix_hits == 32, "child reused the parent's 2 full blocks: %llu", (unsigned long long)st.prefix_hits);
+    CHECK(st.prefix_hits == 32, "child reused the parent's 2 full blocks: %llu",
+          (unsigned long long)st.prefix_hits);
     CHECK(s.errors == 0 && s.check_errors == 0, "fake engine: %d errors", s.errors);
     CHECK(sim_pool_whole(&s), "pool whole");
     sim_destroy(&s);
@@ -412,7 +428,8 @@ static sim_result random_sim(const sim_cfg *c) {
             int n = 1 + (int)(rnd(&rng) % (uint64_t)c->max_prompt);
             int out = 1 + (int)(rnd(&rng) % (uint64_t)c->max_out);
             int k = (int)(rnd(&rng) % 4), shared = k < 3 ? (int)(rnd(&rng) % 65) : 0;
-            for (int i = 0; i < n; i++) pr[i] = i < shared ? sys[k][i] : (int32_t)(rnd(&rng) % 50000);
+            for (int i = 0; i < n; i++)
+                pr[i] = i < shared ? sys[k][i] : (int32_t)(rnd(&rng) % 50000);
             s.r[next].n_fork = rndf(&rng) < c->p_fork ? 1 + (int)(rnd(&rng) % 2) : 0;
             int nf = s.r[next].n_fork;
             if (sim_add(&s, (uint64_t)next, pr, n, out) != TD_OK) break;
@@ -429,13 +446,16 @@ static sim_result random_sim(const sim_cfg *c) {
         res.budget_violations += o.n_tokens > c->budget || o.n_entries > c->max_seqs;
         for (int i = 0; i < o.n_entries; i++) {
             bool dec = i < o.n_decode;
-            res.budget_violations += dec != !o.entries[i].is_prefill || (dec && o.entries[i].n_tokens != 1);
+            res.budget_violations +=
+                dec != !o.entries[i].is_prefill || (dec && o.entries[i].n_tokens != 1);
         }
         for (int i = 0; i < o.n_preempted; i++) preempted[o.preempted[i]] = 1;
-        res.budget_violations += o.n_preempted > 0 && o.n_admitted > 0;  // no admission after a preemption
+        res.budget_violations +=
+            o.n_preempted > 0 && o.n_admitted > 0;  // no admission after a preemption
     }
     res.steps = s.step;
-    for (int i = 1; i < s.n_admit_log; i++) res.order_violations += s.admit_log[i] < s.admit_log[i - 1];
+    for (int i = 1; i < s.n_admit_log; i++)
+        res.order_violations += s.admit_log[i] < s.admit_log[i - 1];
     for (uint64_t i = 0; i < SIM_MAX_REQ; i++) {
         if (!s.r[i].used) continue;
         res.finished += s.r[i].finished;
@@ -448,8 +468,10 @@ static sim_result random_sim(const sim_cfg *c) {
     td_sched_stats_get(s.sched, &st);
     res.preemptions = st.n_preemptions;
     res.hits = st.prefix_hits;
-    CHECK(s.errors == 0, "seed %llu: fake engine found %d errors", (unsigned long long)c->seed, s.errors);
-    CHECK(s.check_errors == 0, "seed %llu: %d invariant failures", (unsigned long long)c->seed, s.check_errors);
+    CHECK(s.errors == 0, "seed %llu: fake engine found %d errors", (unsigned long long)c->seed,
+          s.errors);
+    CHECK(s.check_errors == 0, "seed %llu: %d invariant failures", (unsigned long long)c->seed,
+          s.check_errors);
     CHECK(sim_pool_whole(&s), "seed %llu: pool whole at the end (free + evictable == total)",
           (unsigned long long)c->seed);
     free(pr);
@@ -460,9 +482,19 @@ static sim_result random_sim(const sim_cfg *c) {
 
 static void test_random(void) {
     // Pool barely larger than one request's need: max 48 + 32 = 80 tokens = 20 blocks of 4; 22.
-    sim_cfg base = {.seed = 1, .block_size = 4, .n_blocks = 22, .budget = 24, .max_seqs = 6,
-                    .max_waiting = 16, .max_prompt = 48, .max_out = 32, .n_requests = 300,
-                    .p_arrive = 0.3, .p_cancel = 0.02, .p_fork = 0.1, .prefix_cache = true,
+    sim_cfg base = {.seed = 1,
+                    .block_size = 4,
+                    .n_blocks = 22,
+                    .budget = 24,
+                    .max_seqs = 6,
+                    .max_waiting = 16,
+                    .max_prompt = 48,
+                    .max_out = 32,
+                    .n_requests = 300,
+                    .p_arrive = 0.3,
+                    .p_cancel = 0.02,
+                    .p_fork = 0.1,
+                    .prefix_cache = true,
                     .max_steps = 20000};
     uint64_t total_pre = 0, total_hits = 0;
     int64_t total_steps = 0;
@@ -472,23 +504,28 @@ static void test_random(void) {
         c.prefix_cache = v != 3;
         c.append_last = v & 1;
         if (v == 4) c.p_cancel = 0, c.p_fork = 0;  // no help from cancellations
-        if (v == 5) c.n_blocks = 20, c.block_size = 4, c.max_seqs = 8, c.budget = 8;  // exactly one request
+        if (v == 5)
+            c.n_blocks = 20, c.block_size = 4, c.max_seqs = 8, c.budget = 8;  // exactly one request
         sim_result r = random_sim(&c);
-        CHECK(r.unfinished == 0, "seed %llu: %d requests never finished", (unsigned long long)c.seed, r.unfinished);
-        CHECK(r.budget_violations == 0, "seed %llu: %d budget/order violations", (unsigned long long)c.seed,
-              r.budget_violations);
-        CHECK(r.order_violations == 0, "seed %llu: %d FCFS violations", (unsigned long long)c.seed, r.order_violations);
-        CHECK(r.preemptions > 0 && r.preempted_finished > 0, "seed %llu: preemptions %llu, preempted+finished %d",
-              (unsigned long long)c.seed, (unsigned long long)r.preemptions, r.preempted_finished);
-        CHECK(r.finished + r.cancelled >= c.n_requests, "seed %llu: %d finished + %d cancelled < %d",
-              (unsigned long long)c.seed, r.finished, r.cancelled, c.n_requests);
+        CHECK(r.unfinished == 0, "seed %llu: %d requests never finished",
+              (unsigned long long)c.seed, r.unfinished);
+        CHECK(r.budget_violations == 0, "seed %llu: %d budget/order violations",
+              (unsigned long long)c.seed, r.budget_violations);
+        CHECK(r.order_violations == 0, "seed %llu: %d FCFS violations", (unsigned long long)c.seed,
+              r.order_violations);
+        CHECK(r.preemptions > 0 && r.preempted_finished > 0,
+              "seed %llu: preemptions %llu, preempted+finished %d", (unsigned long long)c.seed,
+              (unsigned long long)r.preemptions, r.preempted_finished);
+        CHECK(r.finished + r.cancelled >= c.n_requests,
+              "seed %llu: %d finished + %d cancelled < %d", (unsigned long long)c.seed, r.finished,
+              r.cancelled, c.n_requests);
         total_pre += r.preemptions;
         total_hits += r.hits;
         total_steps += r.steps;
     }
     CHECK(total_hits > 0, "shared system prompts produced cache hits");
-    printf("random sims: %lld steps, %llu preemptions, %llu prefix-hit tokens\n", (long long)total_steps,
-           (unsigned long long)total_pre, (unsigned long long)total_hits);
+    printf("random sims: %lld steps, %llu preemptions, %llu prefix-hit tokens\n",
+           (long long)total_steps, (unsigned long long)total_pre, (unsigned long long)total_hits);
 
     // A roomy pool: no preemption at all, big batches.
     sim_cfg roomy = base;
@@ -498,8 +535,10 @@ static void test_random(void) {
     roomy.max_seqs = 16;
     roomy.p_cancel = 0.01;
     sim_result r = random_sim(&roomy);
-    CHECK(r.unfinished == 0 && r.preemptions == 0 && r.budget_violations == 0 && r.order_violations == 0,
-          "roomy: unfinished %d, preemptions %llu", r.unfinished, (unsigned long long)r.preemptions);
+    CHECK(r.unfinished == 0 && r.preemptions == 0 && r.budget_violations == 0 &&
+              r.order_violations == 0,
+          "roomy: unfinished %d, preemptions %llu", r.unfinished,
+          (unsigned long long)r.preemptions);
 }
 
 int main(void) {
