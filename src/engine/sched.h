@@ -41,8 +41,10 @@ td_status td_sched_create(const td_sched_params *p, td_kv_pool *pool, td_sched *
 // Releases every sequence's blocks back to the pool (cached ones stay cached) and frees all.
 void td_sched_free(td_sched *s);
 
-// Queues a new sequence (FCFS). The prompt is copied. The sequence may hold up to
-// n_prompt + max_new_tokens tokens (clamped to max_ctx); its buffers are allocated here.
+// Queues a new sequence (FCFS). The prompt is copied; token ids are not checked here (the engine
+// knows the vocabulary). The sequence may hold up to n_prompt + max_new_tokens tokens (clamped
+// to max_ctx, so a prompt of max_ctx tokens leaves no room to append: the engine finishes it
+// after its first sample); its buffers are allocated here.
 // Errors: TD_ERR_INVALID (empty prompt, max_new_tokens < 0, id already live),
 // TD_ERR_LIMIT (prompt longer than max_ctx; the sequence's full need exceeds the whole pool;
 // the waiting queue is full: retryable), TD_ERR_NOMEM. On error nothing changed.

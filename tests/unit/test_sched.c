@@ -40,6 +40,9 @@ static void test_params(void) {
     CHECK(td_sched_create(&p, NULL, &s, &err) == TD_ERR_INVALID, "no pool");
     CHECK(td_sched_create(&p, pool, &s, &err) == TD_OK, "create: %s", err.msg);
     if (!s) return;
+    td_sched_out o;
+    td_sched_step(s, &o);
+    CHECK(o.n_entries == 0 && o.n_tokens == 0 && o.n_preempted == 0, "empty scheduler: empty batch");
     int32_t pr[100] = {0};
     CHECK(td_sched_add(s, 1, pr, 0, 4, &err) == TD_ERR_INVALID, "empty prompt");
     CHECK(td_sched_add(s, 1, pr, 4, -1, &err) == TD_ERR_INVALID, "negative max_new");
