@@ -441,8 +441,10 @@ static sim_result random_sim(const sim_cfg *c) {
         }
         // Cancellations of random live sequences in whatever state they are.
         if (rndf(&rng) < c->p_cancel) {
-            int cand = (int)(rnd(&rng) % (uint64_t)(next ? next : 1));
-            if (s.r[cand].live) sim_cancel(&s, (uint64_t)cand);
+            uint64_t cand = rnd(&rng) % (uint64_t)(next ? next : 1);
+            if (rndf(&rng) < 0.3 && s.next_fork_id > SIM_MAX_REQ / 2)  // a forked child
+                cand = SIM_MAX_REQ / 2 + rnd(&rng) % (s.next_fork_id - SIM_MAX_REQ / 2);
+            if (s.r[cand].live) sim_cancel(&s, cand);
         }
         td_sched_out o;
         sim_step(&s, &o);
@@ -529,6 +531,33 @@ static void test_random(void) {
     CHECK(total_hits > 0, "shared system prompts produced cache hits");
     printf("random sims: %lld steps, %llu preemptions, %llu prefix-hit tokens\n",
            (long long)total_steps, (unsigned long long)total_pre, (unsigned long long)total_hits);
+
+    // Random shapes: block sizes 1..16, pools from one request's need to a little more, budgets
+    // from max_seqs up. Preemption is not guaranteed here; completion and invariants are.
+    uint64_t cfg_rng = 99;
+    for (int v = 0; v < 24; v++) {
+        sim_cfg c = base;
+        c.seed = 5000 + (uint64_t)v;
+        c.block_size = 1 + (int)(rnd(&cfg_rng) % 16);
+        c.max_prompt = 1 + (int)(rnd(&cfg_rng) % 64);
+        c.max_out = 1 + (int)(rnd(&cfg_rng) % 40);
+        int need = (c.max_prompt + c.max_out + c.block_size - 1) / c.block_size;
+        c.n_blocks = need + (int)(rnd(&cfg_rng) % (uint64_t)(need + 2));
+        c.max_seqs = 1 + (int)(rnd(&cfg_rng) % 10);
+        c.budget = c.max_seqs + (int)(rnd(&cfg_rng) % 64);
+        c.max_waiting = 1 + (int)(rnd(&cfg_rng) % 12);
+        c.n_requests = 120;
+        c.prefix_cache = rnd(&cfg_rng) % 4 != 0;
+        c.append_last = rnd(&cfg_rng) & 1;
+        c.p_fork = 0.15;
+        sim_result r = random_sim(&c);
+        CHECK(r.unfinished == 0 && r.budget_violations == 0 && r.order_violations == 0,
+              "shape %d (bs %d, blocks %d, seqs %d, budget %d): unfinished %d, budget %d, order %d", v,
+              c.block_size, c.n_blocks, c.max_seqs, c.budget, r.unfinished, r.budget_violations,
+              r.order_violations);
+        total_steps += r.steps;
+    }
+    printf("random shapes: %lld steps in all\n", (long long)total_steps);
 
     // A roomy pool: no preemption at all, big batches.
     sim_cfg roomy = base;
