@@ -280,7 +280,59 @@ static void test_invalid(void) {
     fm_free(&fm);
 }
 
+// llama.cpp's GGUF conversion of a Llama checkpoint permutes the rows of each Q/K head from
+// HF's halves layout (i, i + hd/2) to adjacent pairs (2i, 2i+1) and stores llama3 scaling as
+// rope_freqs divisors. Such a model with TD_ROPE_NORM must give the HF model's logits.
+static void test_gguf_layout_equivalence(void) {
+    td_model_config c = fm_config(31, 64, 2, 4, 2, 32, 96);
+    c.rope_theta = 500000.0f, c.rope_scaling = TD_ROPE_SCALING_LLAMA3, c.rope_factor = 8.0f;
+    c.rope_low_freq_factor = 1.0f, c.rope_high_freq_factor = 4.0f, c.rope_orig_max_pos = 64;
+    fm_model hf, gg;
+    fm_random(&hf, &c, TD_F32, 99);
+    td_model_config cg = c;
+    cg.rope_style = TD_ROPE_NORM, cg.rope_scaling = TD_ROPE_SCALING_NONE;
+    fm_random(&gg, &cg, TD_F32, 99);  // same draws; then overwrite Q/K with permuted copies
+    const int hd = c.head_dim, half = hd / 2;
+    for (int l = 0; l < c.n_layers; l++) {
+        const td_tensor *src[2] = {&hf.m.layers[l].wq, &hf.m.layers[l].wk};
+        td_tensor *dst[2] = {&gg.m.layers[l].wq, &gg.m.layers[l].wk};
+        for (int k = 0; k < 2; k++) {
+            const int rows = (int)src[k]->ne[0], cols = (int)src[k]->ne[1];
+            const float *a = src[k]->data;
+            float *b = (float *)dst[k]->data;
+            for (int r = 0; r < rows; r++) {
+                int h = r / hd, j = r % hd;  // new row h*hd + 2i + two = old row h*hd + two*half + i
+                int old = h * hd + (j % 2) * half + j / 2;
+                memcpy(b + (size_t)r * cols, a + (size_t)old * cols, (size_t)cols * sizeof(float));
+            }
+        }
+    }
+    // rope_freqs = base inv_freq / llama3 inv_freq (what llama.cpp writes)
+    {
+        double scaled[256], base[256];
+        fm_inv_freq(&hf.m, scaled);
+        fm_inv_freq(&gg.m, base);
+        float ff[256];
+        for (int i = 0; i < half; i++) ff[i] = (float)(base[i] / scaled[i]);
+        gg.m.rope_freqs = fm_vec(&gg, half, ff, 0, 0);
+    }
+    enum { N = 13 };
+    int32_t toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (i * 3 + 2) % c.vocab_size;
+    float *a = malloc((size_t)N * c.vocab_size * sizeof *a), *b = malloc((size_t)N * c.vocab_size * sizeof *b);
+    td_forward *fa = make_fwd(&hf.m, N, 1, 32, 2), *fb = make_fwd(&gg.m, N, 1, 32, 2);
+    if (fa && fb) {
+        CHECK(run_prompt(fa, toks, N, a) == TD_OK && run_prompt(fb, toks, N, b) == TD_OK, "runs");
+        double d = max_abs_diff(a, b, (size_t)N * c.vocab_size);
+        CHECK(d < 1e-4, "HF layout + llama3 vs GGUF layout + rope_freqs: %g", d);
+    }
+    td_forward_free(fa), td_forward_free(fb);
+    free(a), free(b);
+    fm_free(&hf), fm_free(&gg);
+}
+
 int main(void) {
+    test_gguf_layout_equivalence();
     test_reference_matches();
     test_batching(TD_F32);
     test_batching(TD_Q4_0);
