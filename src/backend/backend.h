@@ -47,7 +47,7 @@ void td_backend_matmul(td_backend *be, const td_tensor *w, const float *bias, co
                        float *y, int n_tok);
 void td_backend_rmsnorm(td_backend *be, const float *x, const float *w, float *y, int n_rows,
                         int n, float eps);
-void td_backend_rope(td_backend *be, float *x, const int32_t *pos, const float *inv_freq,
+void td_backend_rope(td_backend *be, float *x, const int32_t *pos, const double *inv_freq,
                      int n_tok, int n_heads, int head_dim, int neox);
 void td_backend_kv_write(td_backend *be, const td_kv_layer *kv, const float *k, const float *v,
                          const int32_t *seq_id, const int32_t *pos, int n_tok);

@@ -109,7 +109,7 @@ void td_backend_rmsnorm(td_backend *be, const float *x, const float *w, float *y
     be->iface->rmsnorm(be->ctx, &a);
 }
 
-void td_backend_rope(td_backend *be, float *x, const int32_t *pos, const float *inv_freq,
+void td_backend_rope(td_backend *be, float *x, const int32_t *pos, const double *inv_freq,
                      int n_tok, int n_heads, int head_dim, int neox) {
     TD_ASSERT(head_dim > 0 && head_dim % 2 == 0 && head_dim <= TD_ATTN_MAX_HEAD_DIM);
     if (n_tok == 0) return;

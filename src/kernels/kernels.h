@@ -31,12 +31,13 @@ typedef struct td_rmsnorm_args {
 } td_rmsnorm_args;
 
 // In-place rotary embedding of x[n_tok, n_heads, head_dim] at positions pos[n_tok]:
-// angle_i = pos * inv_freq[i], i < head_dim/2 (scaling already folded into inv_freq).
+// angle_i = pos * inv_freq[i], i < head_dim/2 (scaling already folded into inv_freq), in double:
+// at position 300 an f32 angle is already off by ~1e-5 rad, visible against a float64 oracle.
 // neox: dim i pairs with i + head_dim/2; otherwise adjacent pairs (2i, 2i+1).
 typedef struct td_rope_args {
     float *x;
     const int32_t *pos;      // [n_tok]
-    const float *inv_freq;   // [head_dim / 2]
+    const double *inv_freq;  // [head_dim / 2] radians per position
     int n_tok, n_heads, head_dim;
     int neox;
 } td_rope_args;

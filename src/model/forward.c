@@ -22,10 +22,10 @@ struct td_forward {
     int q_dim, kv_dim;
     const td_tensor *output;  // output head: m->output, or tok_embd when tied and absent
 
-    float *inv_freq;  // [head_dim / 2], scaling and rope_freqs folded in
+    double inv_freq[TD_ATTN_MAX_HEAD_DIM / 2];  // [head_dim / 2], scaling and rope_freqs folded in
     layer_vecs *lv;   // [n_layers]
     float *out_norm;  // [dim]
-    float *vecs;      // the one buffer that lv/out_norm/inv_freq point into
+    float *vecs;      // the one buffer that lv and out_norm point into
 
     float *kv;                // [n_layers][2][max_seqs][max_ctx][kv_dim]
     td_kv_layer *kvl;         // [n_layers]
@@ -108,7 +108,7 @@ static td_status rope_init(td_forward *f, td_err *err) {
                 inv = (1.0 - smooth) * inv / factor + smooth * inv;
             }
         }
-        f->inv_freq[i] = (float)inv;
+        f->inv_freq[i] = inv;
     }
     if (td_tensor_present(&f->m->rope_freqs)) {
         float ff[TD_ATTN_MAX_HEAD_DIM / 2];
@@ -167,19 +167,18 @@ static td_status check_weights(td_forward *f, td_err *err) {
     return TD_OK;
 }
 
-// f32 elements of the small-vector buffer: inv_freq, out_norm, per layer norms/biases.
+// f32 elements of the small-vector buffer: out_norm, per layer norms/biases.
 static size_t vecs_elems(const td_model_config *c, int q_dim, int kv_dim) {
     size_t per = 2 * (size_t)c->dim;
     if (c->qkv_bias) per += (size_t)q_dim + 2 * (size_t)kv_dim;
     if (c->qk_norm) per += 2 * (size_t)c->head_dim;
-    return (size_t)c->head_dim / 2 + (size_t)c->dim + per * (size_t)c->n_layers;
+    return (size_t)c->dim + per * (size_t)c->n_layers;
 }
 
 static td_status load_vecs(td_forward *f, td_err *err) {
     const td_model_config *c = &f->c;
     float *p = f->vecs;
     td_status st;
-    f->inv_freq = p, p += c->head_dim / 2;
     f->out_norm = p, p += c->dim;
     if ((st = load_vec(&f->m->out_norm, c->dim, f->out_norm, "output_norm", -1, err))) return st;
     for (int l = 0; l < c->n_layers; l++) {

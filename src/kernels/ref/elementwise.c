@@ -24,11 +24,11 @@ void td_ref_rope(const td_rope_args *a, int ith, int nth) {
     long lo, hi;
     td_split(a->n_tok, ith, nth, &lo, &hi);
     for (long t = lo; t < hi; t++) {
-        const float p = (float)a->pos[t];
+        const double p = a->pos[t];
         for (int i = 0; i < half; i++) {
-            float ang = p * a->inv_freq[i];  // f32 product, as PyTorch computes it
-            cs[i] = (float)cos((double)ang);
-            sn[i] = (float)sin((double)ang);
+            const double ang = p * a->inv_freq[i];
+            cs[i] = (float)cos(ang);
+            sn[i] = (float)sin(ang);
         }
         for (int h = 0; h < a->n_heads; h++) {
             float *x = a->x + ((size_t)t * a->n_heads + h) * a->head_dim;
