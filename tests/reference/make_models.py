@@ -350,10 +350,14 @@ def main():
     if not args.force and os.path.exists(index_path):
         try:
             with open(index_path) as f:
-                if json.load(f).get("generator_hash") == src_hash:
-                    print(f"make_models: {index_path} is up to date")
-                    return
-        except (OSError, ValueError):
+                old = json.load(f)
+            paths = [m["path"] for m in old["models"]] + \
+                [f for m in old["models"] for f in m["logprobs"].values()]
+            if old.get("generator_hash") == src_hash and \
+                    all(os.path.exists(os.path.join(out, p)) for p in paths):
+                print(f"make_models: {index_path} is up to date")
+                return
+        except (OSError, ValueError, KeyError, TypeError):
             pass
 
     t0 = time.time()
