@@ -34,7 +34,9 @@ SEED_BASE = 1234
 # Bumped whenever the output changes meaning, so stale caches are regenerated.
 FORMAT_VERSION = 1
 
-# hidden, layers, heads, kv heads, head_dim (None: hidden/heads, not written to config.json)
+# hidden, layers, heads, kv heads, head_dim (None: hidden/heads, not written to config.json).
+# Inner dimensions are multiples of 32 (Q8_0/Q4_0 blocks); mistral's ffn (352) is longer than
+# a 256-element matmul chunk and not a multiple of it, so chunked dot products are exercised.
 VARIANTS = {
     "llama2": dict(seed=1534, model_type="llama", arch="LlamaForCausalLM", gguf_arch="llama", hidden=64,
                    layers=2, heads=4, kv=4, head_dim=None, ffn=160, eps=1e-5, theta=10000.0,
@@ -44,8 +46,8 @@ VARIANTS = {
                    tie=True, bias=False, qk_norm=False,
                    rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                  "original_max_position_embeddings": 64, "rope_type": "llama3"}),
-    "mistral": dict(seed=1336, model_type="mistral", arch="MistralForCausalLM", gguf_arch="llama", hidden=128,
-                    layers=2, heads=4, kv=2, head_dim=48, ffn=224, eps=1e-5, theta=1000000.0,
+    "mistral": dict(seed=2202, model_type="mistral", arch="MistralForCausalLM", gguf_arch="llama", hidden=128,
+                    layers=2, heads=4, kv=2, head_dim=48, ffn=352, eps=1e-5, theta=1000000.0,
                     tie=False, bias=False, qk_norm=False, rope_scaling=None),
     "qwen2": dict(seed=1937, model_type="qwen2", arch="Qwen2ForCausalLM", gguf_arch="qwen2", hidden=64,
                   layers=3, heads=4, kv=2, head_dim=None, ffn=192, eps=1e-6, theta=1000000.0,
