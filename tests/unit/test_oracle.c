@@ -26,6 +26,7 @@
 #define HAVE_FORWARD 1
 // The loader lives in another module; until it is linked in, report it instead of failing to link.
 #pragma weak td_model_load
+#pragma weak td_model_free
 #else
 #define HAVE_FORWARD 0
 #endif
