@@ -61,14 +61,22 @@ static inline uint16_t td_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+// clang < 15 has no _Float16 on x86 (the fuzz build uses clang); its __fp16 storage type converts
+// the same way (round to nearest even).
+#if defined(__clang__) && __clang_major__ < 15
+typedef __fp16 td_half_native;
+#else
+typedef _Float16 td_half_native;
+#endif
+
 static inline float td_f16_to_f32(uint16_t h) {
-    _Float16 v;
+    td_half_native v;
     memcpy(&v, &h, 2);
     return (float)v;
 }
 
 static inline uint16_t td_f32_to_f16(float f) {
-    _Float16 v = (_Float16)f;
+    td_half_native v = (td_half_native)f;
     uint16_t h;
     memcpy(&h, &v, 2);
     return h;
