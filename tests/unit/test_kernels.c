@@ -222,6 +222,12 @@ static void test_embed(td_backend *be, td_dtype dt) {
 int main(void) {
     CHECK(td_kernels_get("ref") == &td_kernels_ref, "ref kernels by name");
     CHECK(td_kernels_get("no-such-kernels") == NULL, "unknown kernel set");
+    setenv("TANDEM_KERNELS", "no-such-kernels", 1);
+    CHECK(td_kernels_get(NULL) == NULL, "TANDEM_KERNELS is read");
+    setenv("TANDEM_KERNELS", "ref", 1);
+    CHECK(td_kernels_get(NULL) == &td_kernels_ref, "TANDEM_KERNELS=ref");
+    unsetenv("TANDEM_KERNELS");
+    CHECK(td_kernels_get(NULL) != NULL, "default kernel set");
     td_err err = {0};
     td_backend *be = NULL;
     td_backend_cpu_params bp = td_backend_cpu_default_params();
