@@ -94,10 +94,12 @@ static td_status build(td_tokenizer *t, const td_gguf *g, td_err *err) {
             return st;
         }
         int64_t type = kt >= 0 ? td_gguf_arr_i64(g, kt, i) : GGUF_TT_NORMAL;
-        if (type == GGUF_TT_CONTROL || type == GGUF_TT_USER) {
-            if (type == GGUF_TT_CONTROL) t->flags[i] |= TOK_F_SPECIAL;
+        // Matched in the input before BPE, as llama.cpp's special-token partition does.
+        if (type == GGUF_TT_CONTROL || type == GGUF_TT_USER || type == GGUF_TT_UNKNOWN) {
+            bool special = type != GGUF_TT_USER;
+            if (special) t->flags[i] |= TOK_F_SPECIAL;
             if (gpt2) t->flags[i] |= TOK_F_ADDED;  // HF keeps added tokens out of the BPE vocab
-            if ((st = tok_add_added(t, s.ptr, s.len, (int32_t)i, type == GGUF_TT_CONTROL, false, false, false, err))) {
+            if ((st = tok_add_added(t, s.ptr, s.len, (int32_t)i, special, false, false, false, err))) {
                 free(buf);
                 return st;
             }
