@@ -302,10 +302,10 @@ td_status tok_add_added(td_tokenizer *t, const char *s, size_t n, int32_t id, bo
     x->n = n, x->id = id, x->special = special, x->lstrip = lstrip, x->rstrip = rstrip;
     x->single_word = single_word;
     int idx = t->n_added++;
-    // Insert into the byte trie.
-    int32_t *slot = &t->trie_root[(uint8_t)s[0]];
+    // Insert into the byte trie (indices, not pointers: the node array may move).
+    int32_t parent = -1;  // -1: the first level, trie_root[]
     for (size_t i = 0;; i++) {
-        int32_t node = *slot;
+        int32_t node = parent < 0 ? t->trie_root[(uint8_t)s[0]] : t->trie[parent].child;
         int32_t prev_sib = -1;
         while (node >= 0 && t->trie[node].c != (uint8_t)s[i]) prev_sib = node, node = t->trie[node].sibling;
         if (node < 0) {
@@ -318,13 +318,14 @@ td_status tok_add_added(td_tokenizer *t, const char *s, size_t n, int32_t id, bo
             node = t->n_trie++;
             t->trie[node] = (tok_trie){.child = -1, .sibling = -1, .added = -1, .c = (uint8_t)s[i]};
             if (prev_sib >= 0) t->trie[prev_sib].sibling = node;
-            else *slot = node;
+            else if (parent < 0) t->trie_root[(uint8_t)s[0]] = node;
+            else t->trie[parent].child = node;
         }
         if (i + 1 == n) {
             if (t->trie[node].added < 0) t->trie[node].added = idx;
             break;
         }
-        slot = &t->trie[node].child;
+        parent = node;
     }
     return TD_OK;
 }
