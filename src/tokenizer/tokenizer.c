@@ -380,7 +380,7 @@ td_status tok_compile_regex(const char *pat, size_t n, bool literal, pcre2_code 
     size_t rn = n;
     char *rw = literal ? tok_strndup(pat, n) : rewrite_onig(pat, n, &rn);
     if (!rw) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);  // LITERAL rejects UCP
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)rw, rn, opts, &ec, &eo, NULL);
     free(rw);
     if (!re) {

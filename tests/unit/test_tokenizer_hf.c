@@ -115,7 +115,7 @@ int main(void) {
     const cJSON *m;
     cJSON_ArrayForEach(m, cJSON_GetObjectItem(root, "models")) {
         const char *name = cJSON_GetObjectItem(m, "name")->valuestring;
-        const char *dir = cJSON_GetObjectItem(m, "dir")->valuestring;
+        const char *dir = cJSON_GetObjectItem(m, "path")->valuestring;
         const cJSON *cases = cJSON_GetObjectItem(m, "cases"), *c;
         td_tokenizer *tok = NULL;
         double t0 = (double)clock() / CLOCKS_PER_SEC;
@@ -129,6 +129,7 @@ int main(void) {
             check_decode(tok, name, "json", c);
         }
         td_tokenizer_free(tok);
+        if (!cJSON_IsTrue(cJSON_GetObjectItem(m, "gguf"))) continue;
 
         // Vocab-only GGUF built from the same tokenizer.json.
         snprintf(path, sizeof path, "%s/tok_%s.gguf", td_test_data_dir(), name);
