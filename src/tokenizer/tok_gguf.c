@@ -147,7 +147,7 @@ static td_status build(td_tokenizer *t, const td_gguf *g, td_err *err) {
                 free(buf);
                 return td_err_set(err, TD_ERR_FORMAT, "merge %llu uses a token missing from the vocab", (unsigned long long)r);
             }
-            tok_merge_add(t, ia, ib, (uint32_t)r, in);
+            tok_merge_add(t, ia, ib, (uint32_t)r, in, false);
         }
         td_gguf_str pre = {"default", 7};
         td_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL);
@@ -225,6 +225,7 @@ static td_status build(td_tokenizer *t, const td_gguf *g, td_err *err) {
         t->chat_template = tok_strndup(tmpl.ptr, tmpl.len);
         if (!t->chat_template) return td_err_set(err, TD_ERR_NOMEM, "out of memory");
     }
+    tok_finalize(t);
     return TD_OK;
 }
 

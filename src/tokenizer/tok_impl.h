@@ -66,10 +66,17 @@ struct td_tokenizer {
     size_t vh_cap;  // power of two
 
     // Open-addressing hash: (left id, right id) -> (rank, merged id).
-    uint64_t *mk;  // key (left << 32 | right) + 1; 0 = empty
-    uint32_t *mrank;
-    int32_t *mnew;
-    size_t mh_cap;  // power of two
+    struct tok_merge {
+        uint64_t key;  // (left << 32 | right) + 1; 0 = empty slot
+        uint32_t rank;
+        int32_t new_id;
+    } *mh;             // one 16-byte slot per probe: a lookup touches one cache line
+    size_t mh_cap;     // power of two
+
+    // SentencePiece without a pre-tokenizer sees a whole segment as one word. When no vocab token
+    // has "▁" right after another character, no merge can cross the start of a "▁" that follows
+    // a non-"▁" character, so splitting the word there gives identical ids far faster.
+    bool spm_split;
 
     int32_t byte_tok[256];  // byte-level: id of each single byte; SPM: id of "<0xXX>"; -1 none
 
@@ -108,8 +115,11 @@ td_status tok_set_piece(td_tokenizer *t, int32_t id, const char *s, size_t n, td
 td_status tok_build_vocab_hash(td_tokenizer *t, td_err *err);
 int32_t tok_vocab_get(const td_tokenizer *t, const char *s, size_t n);
 td_status tok_merges_reserve(td_tokenizer *t, size_t n, td_err *err);
-// Adds merge (a, b) -> new with `rank`; keeps the first (lowest) rank on duplicates.
-void tok_merge_add(td_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t new_id);
+// Adds merge (a, b) -> new with `rank`. On a duplicate pair, overwrite=true keeps the later one
+// (HF collects merges into a map) and overwrite=false the earlier one (llama.cpp's emplace).
+void tok_merge_add(td_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t new_id, bool overwrite);
+// Derives run-time shortcuts once loading is complete (see spm_split).
+void tok_finalize(td_tokenizer *t);
 td_status tok_add_added(td_tokenizer *t, const char *s, size_t n, int32_t id, bool special,
                         bool lstrip, bool rstrip, bool single_word, td_err *err);
 void tok_fill_byte_tokens(td_tokenizer *t);

@@ -334,7 +334,7 @@ static td_status parse_merges(td_tokenizer *t, const cJSON *merges, td_err *err)
             free(buf);
             return TD_ERR_FORMAT;
         }
-        tok_merge_add(t, ia, ib, rank, in);
+        tok_merge_add(t, ia, ib, rank, in, true);
         rank++;
     }
     free(buf);
@@ -452,6 +452,7 @@ static td_status build(td_tokenizer *t, const cJSON *root, const cJSON *cfg, td_
     if ((st = parse_post(t, jget(root, "post_processor"), err))) return st;
     if (t->n_prefix) t->bos_id = t->post_prefix[0];
     if (cfg && (st = parse_config(t, cfg, err))) return st;
+    tok_finalize(t);
     return TD_OK;
 }
 

@@ -138,20 +138,17 @@ static bool utf8_valid(const char *s, size_t n) {
 
 static bool byte_printable(int b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174; }
 
+// The unprintable bytes are 0..32, 127..160 and 173: 33 + 34 + 1 = 68 of them, in that order.
 uint32_t tok_byte_to_cp(uint8_t b) {
     if (byte_printable(b)) return b;
-    uint32_t k = 0;
-    for (int x = 0; x < b; x++) k += !byte_printable(x);
-    return 256 + k;
+    return 256 + (b <= 32 ? b : b <= 160 ? 33 + (b - 127) : 67);
 }
 
 int tok_cp_to_byte(uint32_t cp) {
     if (cp < 256) return byte_printable((int)cp) ? (int)cp : -1;
     if (cp >= 256 + 68) return -1;
     uint32_t k = cp - 256;
-    for (int x = 0; x < 256; x++)
-        if (!byte_printable(x) && k-- == 0) return x;
-    return -1;
+    return k < 33 ? (int)k : k < 67 ? (int)(127 + k - 33) : 173;
 }
 
 size_t tok_bytelevel_to_raw(const char *s, size_t n, char *out) {
@@ -248,10 +245,9 @@ int32_t tok_vocab_get(const td_tokenizer *t, const char *s, size_t n) {
 td_status tok_merges_reserve(td_tokenizer *t, size_t n, td_err *err) {
     size_t cap = 16;
     while (cap < n * 2) cap *= 2;
-    t->mk = calloc(cap, sizeof *t->mk);
-    t->mrank = malloc(cap * sizeof *t->mrank);
-    t->mnew = malloc(cap * sizeof *t->mnew);
-    if (!t->mk || !t->mrank || !t->mnew) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory (merges)");
+    free(t->mh);
+    t->mh = calloc(cap, sizeof *t->mh);
+    if (!t->mh) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory (merges)");
     t->mh_cap = cap;
     return TD_OK;
 }
@@ -263,13 +259,14 @@ static inline size_t mix64(uint64_t k) {
     return (size_t)k;
 }
 
-void tok_merge_add(td_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t new_id) {
+void tok_merge_add(td_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t new_id, bool overwrite) {
     uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
     size_t mask = t->mh_cap - 1, h = mix64(key) & mask;
     for (;; h = (h + 1) & mask) {
-        if (t->mk[h] == key) return;  // first (lowest rank) wins, as HF's map insert order does
-        if (!t->mk[h]) {
-            t->mk[h] = key, t->mrank[h] = rank, t->mnew[h] = new_id;
+        struct tok_merge *m = &t->mh[h];
+        if (m->key == key && !overwrite) return;
+        if (m->key == key || !m->key) {
+            *m = (struct tok_merge){key, rank, new_id};
             return;
         }
     }
@@ -280,11 +277,12 @@ static inline bool merge_get(const td_tokenizer *t, int32_t a, int32_t b, uint32
     uint64_t key = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
     size_t mask = t->mh_cap - 1, h = mix64(key) & mask;
     for (;; h = (h + 1) & mask) {
-        if (t->mk[h] == key) {
-            *rank = t->mrank[h], *new_id = t->mnew[h];
+        const struct tok_merge *m = &t->mh[h];
+        if (m->key == key) {
+            *rank = m->rank, *new_id = m->new_id;
             return true;
         }
-        if (!t->mk[h]) return false;
+        if (!m->key) return false;
     }
 }
 
@@ -405,7 +403,7 @@ void td_tokens_free(td_tokens *t) {
 void td_tokenizer_free(td_tokenizer *t) {
     if (!t) return;
     free(t->blob), free(t->off), free(t->len), free(t->flags), free(t->srank), free(t->vh);
-    free(t->mk), free(t->mrank), free(t->mnew);
+    free(t->mh);
     for (int i = 0; i < t->n_added; i++) free(t->added[i].s);
     free(t->added), free(t->trie);
     for (int i = 0; i < t->n_norm; i++) free(t->norm[i].a), free(t->norm[i].b);
@@ -569,6 +567,22 @@ static void try_pair(const td_tokenizer *t, work *w, const char *word, int32_t l
     }
 }
 
+#define SCAN_MAX 64  // symbols; longer words use the heap
+
+// Rank and merged id of the pair (i, next(i)); UINT32_MAX when it does not merge.
+static inline void pair_rank(const td_tokenizer *t, const char *word, const sym *s, int32_t i, uint32_t *rank,
+                             int32_t *nid) {
+    int32_t r = s[i].next;
+    *rank = UINT32_MAX;
+    if (r < 0) return;
+    if (t->model == TOK_MODEL_BPE) {
+        if (!merge_get(t, s[i].id, s[r].id, rank, nid)) *rank = UINT32_MAX;
+    } else {
+        int32_t id = tok_vocab_get(t, word + s[i].start, s[i].len + s[r].len);
+        if (id >= 0) *rank = (uint32_t)t->srank[id], *nid = id;
+    }
+}
+
 // BPE over one pre-token (model-space bytes). Mirrors HF's BPE::merge_word + Word::merge_all,
 // or llama.cpp's llm_tokenizer_spm for TOK_MODEL_SPM_SCORE.
 static void bpe_word(const td_tokenizer *t, work *w, const char *word, size_t n) {
@@ -631,28 +645,51 @@ static void bpe_word(const td_tokenizer *t, work *w, const char *word, size_t n)
 #undef ADD_SYM
     if (ns == 0) return;
     s[ns - 1].next = -1;
-    w->nheap = 0;
-    for (int32_t i = 0; i + 1 < ns; i++) try_pair(t, w, word, i, i + 1);
-    while (w->nheap && !w->oom) {
-        heap_ent top = heap_pop(w);
-        int32_t l = (int32_t)top.pos;
-        if (s[l].len == 0 || s[l].next < 0) continue;
-        int32_t r = s[l].next;
-        int32_t nid;
-        if (t->model == TOK_MODEL_BPE) {
-            uint32_t rank;
-            if (!merge_get(t, s[l].id, s[r].id, &rank, &nid) || nid != top.new_id) continue;
-        } else {
-            if (s[r].len == 0 || s[l].len + s[r].len != (uint32_t)top.new_id) continue;
-            nid = tok_vocab_get(t, word + s[l].start, (size_t)top.new_id);
+    if (ns <= SCAN_MAX) {
+        // Short words (nearly all): keep the rank of each adjacent pair and rescan for the lowest
+        // (leftmost on ties), exactly the order HF's heap pops valid entries in, without a heap.
+        uint32_t rank[SCAN_MAX];
+        int32_t nid[SCAN_MAX];
+        for (int32_t i = 0; i < ns; i++) pair_rank(t, word, s, i, &rank[i], &nid[i]);
+        for (;;) {
+            int32_t best = -1;
+            uint32_t br = UINT32_MAX;
+            for (int32_t i = 0; i >= 0; i = s[i].next)
+                if (rank[i] < br) br = rank[i], best = i;
+            if (best < 0) break;
+            int32_t r = s[best].next;
+            s[best].id = nid[best];
+            s[best].len += s[r].len;
+            s[r].len = 0;
+            s[best].next = s[r].next;
+            if (s[r].next >= 0) s[s[r].next].prev = best;
+            pair_rank(t, word, s, best, &rank[best], &nid[best]);
+            if (s[best].prev >= 0) pair_rank(t, word, s, s[best].prev, &rank[s[best].prev], &nid[s[best].prev]);
         }
-        s[l].id = nid;
-        s[l].len += s[r].len;
-        s[r].len = 0;
-        s[l].next = s[r].next;
-        if (s[r].next >= 0) s[s[r].next].prev = l;
-        try_pair(t, w, word, s[l].prev, l);
-        try_pair(t, w, word, l, s[l].next);
+    } else {
+        w->nheap = 0;
+        for (int32_t i = 0; i + 1 < ns; i++) try_pair(t, w, word, i, i + 1);
+        while (w->nheap && !w->oom) {
+            heap_ent top = heap_pop(w);
+            int32_t l = (int32_t)top.pos;
+            if (s[l].len == 0 || s[l].next < 0) continue;
+            int32_t r = s[l].next;
+            int32_t nid;
+            if (t->model == TOK_MODEL_BPE) {
+                uint32_t rank;
+                if (!merge_get(t, s[l].id, s[r].id, &rank, &nid) || nid != top.new_id) continue;
+            } else {
+                if (s[r].len == 0 || s[l].len + s[r].len != (uint32_t)top.new_id) continue;
+                nid = tok_vocab_get(t, word + s[l].start, (size_t)top.new_id);
+            }
+            s[l].id = nid;
+            s[l].len += s[r].len;
+            s[r].len = 0;
+            s[l].next = s[r].next;
+            if (s[r].next >= 0) s[s[r].next].prev = l;
+            try_pair(t, w, word, s[l].prev, l);
+            try_pair(t, w, word, l, s[l].next);
+        }
     }
     for (int32_t i = 0; i >= 0; i = s[i].next) {
         if (t->model == TOK_MODEL_SPM_SCORE && s[i].id < 0) {
@@ -665,6 +702,35 @@ static void bpe_word(const td_tokenizer *t, work *w, const char *word, size_t n)
             push_id(w, s[i].id);
         }
     }
+}
+
+static const char METASPACE[3] = {(char)0xE2, (char)0x96, (char)0x81};  // U+2581
+
+// BPE over one pre-token, cut first at the "▁" boundaries that spm_split proves no merge crosses.
+static void bpe_piece(const td_tokenizer *t, work *w, const char *s, size_t n) {
+    if (!t->spm_split) return bpe_word(t, w, s, n);
+    size_t start = 0;
+    for (size_t j = 1; j + 3 <= n; j++)
+        if (!memcmp(s + j, METASPACE, 3) && (j < 3 || memcmp(s + j - 3, METASPACE, 3))) {
+            bpe_word(t, w, s + start, j - start);
+            start = j;
+        }
+    bpe_word(t, w, s + start, n - start);
+}
+
+void tok_finalize(td_tokenizer *t) {
+    t->spm_split = false;
+    if (t->byte_level) return;
+    for (int i = 0; i < t->n_pre; i++)
+        if (t->pre[i].re) return;
+    if (tok_vocab_get(t, METASPACE, 3) < 0) return;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        if (!(t->flags[id] & TOK_F_PRESENT) || (t->flags[id] & TOK_F_ADDED)) continue;
+        const char *p = t->blob + t->off[id];
+        for (size_t j = 1; j + 3 <= t->len[id]; j++)
+            if (!memcmp(p + j, METASPACE, 3) && (j < 3 || memcmp(p + j - 3, METASPACE, 3))) return;
+    }
+    t->spm_split = true;
 }
 
 static bool sp_push(span **sp, size_t *n, size_t *cap, uint32_t off, uint32_t len, bool *oom) {
@@ -879,7 +945,7 @@ static void encode_segment(const td_tokenizer *t, work *w, const char *s, size_t
         w->capsp = w->capsp2, w->capsp2 = c;
         w->nsp = w->nsp2;
     }
-    for (size_t k = 0; k < w->nsp && !w->oom; k++) bpe_word(t, w, w->norm.p + w->sp[k].off, w->sp[k].len);
+    for (size_t k = 0; k < w->nsp && !w->oom; k++) bpe_piece(t, w, w->norm.p + w->sp[k].off, w->sp[k].len);
 }
 
 static bool is_ws_cp(int32_t c) {
