@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include "base/file.h"
 #include "test_util.h"
+#include "model/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 #include "../../src/cli/cmd_tokenize.c"  // the CLI functions are not in tandemlib
@@ -234,6 +235,58 @@ static void test_malformed(void) {
           err.msg);
 }
 
+// A tiny GGUF v3 writer for metadata-only files (strings and string arrays).
+typedef struct {
+    unsigned char b[4096];
+    size_t n;
+} gbuf;
+static void g_raw(gbuf *g, const void *p, size_t n) {
+    memcpy(g->b + g->n, p, n);
+    g->n += n;
+}
+static void g_u32(gbuf *g, uint32_t v) { g_raw(g, &v, 4); }
+static void g_u64(gbuf *g, uint64_t v) { g_raw(g, &v, 8); }
+static void g_str(gbuf *g, const char *s) { g_u64(g, strlen(s)), g_raw(g, s, strlen(s)); }
+static void g_kv_str(gbuf *g, const char *k, const char *v) { g_str(g, k), g_u32(g, 8), g_str(g, v); }
+static void g_kv_strs(gbuf *g, const char *k, const char **v, int n) {
+    g_str(g, k), g_u32(g, 9), g_u32(g, 8), g_u64(g, (uint64_t)n);
+    for (int i = 0; i < n; i++) g_str(g, v[i]);
+}
+
+static td_status gguf_tok(const char *model, const char *pre, td_err *err) {
+    gbuf g = {.n = 0};
+    g_raw(&g, "GGUF", 4), g_u32(&g, 3), g_u64(&g, 0), g_u64(&g, pre ? 4 : 3);
+    const char *toks[] = {"a", "b", "ab"}, *merges[] = {"a b"};
+    g_kv_str(&g, "tokenizer.ggml.model", model);
+    g_kv_strs(&g, "tokenizer.ggml.tokens", toks, 3);
+    g_kv_strs(&g, "tokenizer.ggml.merges", merges, 1);
+    if (pre) g_kv_str(&g, "tokenizer.ggml.pre", pre);
+    td_gguf *gg = NULL;
+    td_status st = td_gguf_open_mem(g.b, g.n, "mem.gguf", &gg, err);
+    CHECK(st == TD_OK, "tiny gguf opens: %s", err->msg);
+    if (st) return st;
+    td_tokenizer *t = NULL;
+    st = td_tokenizer_from_gguf(gg, &t, err);
+    if (t) {
+        td_tokens x = {0};
+        CHECK(td_tokenizer_encode(t, "abba", 4, false, &x, err) == TD_OK && x.n == 3 && x.ids[0] == 2, "gguf gpt2 encode");
+        td_tokens_free(&x);
+    }
+    td_tokenizer_free(t);
+    td_gguf_close(gg);
+    return st;
+}
+
+static void test_gguf_errors(void) {
+    td_err err = {0};
+    CHECK(gguf_tok("gpt2", NULL, &err) == TD_OK, "gpt2 with default pre: %s", err.msg);
+    CHECK(gguf_tok("gpt2", "llama-bpe", &err) == TD_OK, "gpt2 llama-bpe: %s", err.msg);
+    CHECK(gguf_tok("gpt2", "mystery-pre", &err) == TD_ERR_UNSUPPORTED && strstr(err.msg, "mystery-pre"),
+          "unknown pre named: %s", err.msg);
+    CHECK(gguf_tok("bert", NULL, &err) == TD_ERR_UNSUPPORTED && strstr(err.msg, "bert"), "unknown model named: %s", err.msg);
+    CHECK(gguf_tok("llama", NULL, &err) == TD_ERR_FORMAT && strstr(err.msg, "scores"), "llama without scores: %s", err.msg);
+}
+
 // Runs a CLI function with stdout captured into buf.
 static int run_cli(int (*fn)(int, char **), int argc, char **argv, char *buf, size_t cap) {
     fflush(stdout);
@@ -293,6 +346,7 @@ int main(void) {
         td_tokenizer_free(t);
     }
     test_malformed();
+    test_gguf_errors();
     test_cli();
     TEST_DONE();
 }
