@@ -246,7 +246,7 @@ int td_cmd_run(int argc, char **argv) {
         fprintf(stderr, "tandem run: out of memory\n");
         goto done;
     }
-    if (tok) dt = td_detok_create(tok);
+    if (tok) dt = td_detok_new(tok, true);
     double t_load = td_now() - t0;
 
     // Sampling parameters: flags, else generation_config.json, else greedy.
