@@ -143,7 +143,7 @@ static cJSON *logprob_json(const td_tokenizer *tok, const float *logits, int voc
     char *t = token_text(tok, id);
     cJSON_AddStringToObject(o, "text", t);
     free(t);
-    cJSON_AddNumberToObject(o, "logprob", (double)logits[id] - lse);
+    cJSON_AddNumberToObject(o, "logprob", (float)((double)logits[id] - lse));
     if (k > 0) {
         td_logprobs_topk(logits, vocab, lse, k, ids, lps);
         cJSON_AddItemToObject(o, "top", top_json(tok, ids, lps, k));
