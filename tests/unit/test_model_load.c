@@ -187,6 +187,11 @@ static void test_good(void) {
               "qwen3 gguf");
         td_model_free(m);
     }
+    if ((m = load_ok("novocab.gguf", &err))) {
+        CHECK(m->cfg.vocab_size == 48 && m->cfg.tie_embeddings && m->output.data == m->tok_embd.data,
+              "vocab from token_embd rows");
+        td_model_free(m);
+    }
     // Misaligned safetensors data: copied to aligned memory, values intact.
     if ((m = load_ok("hf_unaligned", &err))) {
         if (td_read_file(P("hf_unaligned.expect.json"), 0, &js, &n, &err) == TD_OK) {
@@ -226,6 +231,11 @@ static void test_bad(void) {
     expect_fail("bad/q4_1.gguf", TD_ERR_UNSUPPORTED, "Q4_1", "blk.1.ffn_up.weight");
     expect_fail("bad/missing.gguf", TD_ERR_NOT_FOUND, "blk.1.attn_v.weight", "missing.gguf");
     expect_fail("bad/noembd.gguf", TD_ERR_NOT_FOUND, "token_embd.weight", NULL);
+    expect_fail("bad/no_dim.gguf", TD_ERR_NOT_FOUND, "llama.embedding_length", NULL);
+    expect_fail("bad/partial_rope.gguf", TD_ERR_UNSUPPORTED, "partial rotary", "partial_rope.gguf");
+    expect_fail("bad/yarn.gguf", TD_ERR_UNSUPPORTED, "yarn", NULL);
+    expect_fail("bad/heads_str.gguf", TD_ERR_FORMAT, "llama.attention.head_count", "string");
+    expect_fail("bad/blocks.gguf", TD_ERR_NOT_FOUND, "blk.2.attn_norm.weight", NULL);
     expect_fail("does-not-exist", TD_ERR_NOT_FOUND, "does-not-exist", NULL);
     expect_fail("st_f32.safetensors", TD_ERR_FORMAT, "not a model directory", NULL);
 
