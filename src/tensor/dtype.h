@@ -61,25 +61,64 @@ static inline uint16_t td_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-// clang < 15 has no _Float16 on x86 (the fuzz build uses clang); its __fp16 storage type converts
-// the same way (round to nearest even).
 #if defined(__clang__) && __clang_major__ < 15
-typedef __fp16 td_half_native;
-#else
-typedef _Float16 td_half_native;
-#endif
-
+// clang < 15 has no _Float16 on x86 (the fuzz build uses clang) and its __fp16 needs runtime
+// helpers that libgcc lacks: exact bit-level conversions instead (round to nearest even).
 static inline float td_f16_to_f32(uint16_t h) {
-    td_half_native v;
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, u;
+    if (exp == 0 && mant == 0) {
+        u = sign;
+    } else if (exp == 0) {  // subnormal: normalize
+        exp = 113;
+        while (!(mant & 0x400u)) mant <<= 1, exp--;
+        u = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (mant << 13);
+    } else {
+        u = sign | ((exp + 112) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t td_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = u & 0x80000000u;
+    u ^= sign;
+    uint16_t o;
+    if (u >= (uint32_t)(127 + 16) << 23) {  // >= 65536, inf or NaN
+        o = u > 0x7f800000u ? 0x7e00 : 0x7c00;
+    } else if (u < (uint32_t)113 << 23) {  // f16 subnormal or zero: let the FPU round
+        uint32_t mb = (uint32_t)((127 - 15) + (23 - 10) + 1) << 23;
+        float magic, v;
+        memcpy(&magic, &mb, 4);
+        memcpy(&v, &u, 4);
+        v += magic;
+        uint32_t vb;
+        memcpy(&vb, &v, 4);
+        o = (uint16_t)(vb - mb);
+    } else {
+        uint32_t odd = (u >> 13) & 1;
+        u += ((uint32_t)(15 - 127) << 23) + 0xfff + odd;
+        o = (uint16_t)(u >> 13);
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+#else
+static inline float td_f16_to_f32(uint16_t h) {
+    _Float16 v;
     memcpy(&v, &h, 2);
     return (float)v;
 }
 
 static inline uint16_t td_f32_to_f16(float f) {
-    td_half_native v = (td_half_native)f;
+    _Float16 v = (_Float16)f;
     uint16_t h;
     memcpy(&h, &v, 2);
     return h;
 }
+#endif
 
 #endif
