@@ -338,9 +338,12 @@ static td_status parse_tensor(td_gguf *g, cursor *c, gguf_tensor *t) {
     }
     if ((s = cur_u32(c, &t->type, "tensor type")) || (s = cur_u64(c, &t->offset, "tensor offset")))
         return s;
-    if (t->type >= GGML_N_TYPES || GGML_TYPES[t->type].blck == 0)
-        return td_err_set(c->err, TD_ERR_FORMAT, "%s: tensor %.*s: invalid ggml type %u (%s)", g->what,
-                          nl, t->name.ptr, t->type, td_ggml_type_name(t->type));
+    // A type we cannot size (removed or newer than this table) is accepted here so that the
+    // metadata stays readable; td_gguf_get_tensor refuses it by name.
+    if (t->type >= GGML_N_TYPES || GGML_TYPES[t->type].blck == 0) {
+        t->nbytes = 0;
+        return TD_OK;
+    }
     const ggml_type_info *ti = &GGML_TYPES[t->type];
     if (t->ne[0] % (uint64_t)ti->blck)
         return td_err_set(c->err, TD_ERR_FORMAT,

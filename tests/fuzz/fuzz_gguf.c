@@ -1,8 +1,10 @@
 // libFuzzer target: td_gguf_open_mem on arbitrary bytes, then walk every key, array element and
-// tensor through the public API (touching the first and last byte of each tensor's data).
+// tensor through the public API (touching the first and last byte of each tensor's data), and
+// derive a model config from the metadata.
 #include <stdint.h>
 #include <stdio.h>
 
+#include "model/config.h"
 #include "model/gguf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -42,6 +44,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (td_gguf_get_tensor(g, name, &t, &err) == TD_OK && t.nbytes)
             sink += ((const uint8_t *)t.data)[0] + ((const uint8_t *)t.data)[t.nbytes - 1];
     }
+    td_model_config c;
+    if (td_config_from_gguf(&c, g, &err) == TD_OK) (void)td_config_validate(&c, "fuzz", &err);
     (void)sink;
     td_gguf_close(g);
     return 0;

@@ -250,7 +250,8 @@ GG_NAMES = [("input_layernorm.weight", "attn_norm.weight"), ("self_attn.q_proj.w
             ("mlp.up_proj.weight", "ffn_up.weight"), ("mlp.down_proj.weight", "ffn_down.weight")]
 
 
-def gguf_model(d, name, arch, c, w, mat_type, tie, rope_freqs=None, drop=(), odd_type=None, kv_extra=()):
+def gguf_model(d, name, arch, c, w, mat_type, tie, rope_freqs=None, drop=(), odd_type=None, kv_extra=(),
+               drop_kv=()):
     """Writes a GGUF of the HF-named weights w. Returns GGUF-named values as stored."""
     g = gw.GGUFWriter()
     g.add("general.architecture", gw.T_STRING, arch)
@@ -265,8 +266,6 @@ def gguf_model(d, name, arch, c, w, mat_type, tie, rope_freqs=None, drop=(), odd
     if c["head_dim"] != c["dim"] // c["heads"]:
         g.add(f"{arch}.attention.key_length", gw.T_UINT32, c["head_dim"])
         g.add(f"{arch}.attention.value_length", gw.T_UINT32, c["head_dim"])
-    for k, t, v in kv_extra:
-        g.add(k, t, v)
     g.add("tokenizer.ggml.model", gw.T_STRING, "gpt2")
     g.add("tokenizer.ggml.tokens", gw.T_ARRAY, [f"t{i}" for i in range(c["vocab"])], gw.T_STRING)
     g.add("tokenizer.ggml.bos_token_id", gw.T_UINT32, 1)
@@ -301,6 +300,9 @@ def gguf_model(d, name, arch, c, w, mat_type, tie, rope_freqs=None, drop=(), odd
         t = mat_type if a.ndim == 2 else gw.GGML_F32
         raw = g.add_tensor(gname, a, t)
         stored[gname] = gw.dequantize(t, raw, a.shape)
+    g.kv = [x for x in g.kv if x[0] not in drop_kv]
+    for k, t, v in kv_extra:
+        g.add(k, t, v)
     g.write(os.path.join(d, name))
     return stored
 
@@ -421,6 +423,18 @@ def model_samples(d):
                odd_type=("blk.1.ffn_up.weight", 3, 20))
     gguf_model(bad, "missing.gguf", "llama", c, w, gw.GGML_F32, tie=False, drop=("blk.1.attn_v.weight",))
     gguf_model(bad, "noembd.gguf", "llama", c, w, gw.GGML_F32, tie=False, drop=("token_embd.weight",))
+    gguf_model(bad, "no_dim.gguf", "llama", c, w, gw.GGML_F32, tie=False, drop_kv=("llama.embedding_length",))
+    gguf_model(bad, "partial_rope.gguf", "llama", c, w, gw.GGML_F32, tie=False,
+               kv_extra=[("llama.rope.dimension_count", gw.T_UINT32, 8)])
+    gguf_model(bad, "yarn.gguf", "llama", c, w, gw.GGML_F32, tie=False,
+               kv_extra=[("llama.rope.scaling.type", gw.T_STRING, "yarn")])
+    gguf_model(bad, "heads_str.gguf", "llama", c, w, gw.GGML_F32, tie=False,
+               drop_kv=("llama.attention.head_count",),
+               kv_extra=[("llama.attention.head_count", gw.T_STRING, "4")])
+    gguf_model(bad, "blocks.gguf", "llama", c, w, gw.GGML_F32, tie=False, drop_kv=("llama.block_count",),
+               kv_extra=[("llama.block_count", gw.T_UINT32, 3)])
+    # Valid: vocabulary size from token_embd rows (no vocab_size key, no token list).
+    gguf_model(d, "novocab.gguf", "qwen2", c, wq2, gw.GGML_F32, tie=True, drop_kv=("tokenizer.ggml.tokens",))
 
 
 def main():

@@ -84,6 +84,30 @@ static void check_probes(const td_model *m, const cJSON *checks, const char *lab
     CHECK(n > 0, "%s: no probes", label);
 }
 
+// The file a pointer lies in, per /proc/self/maps ("" if anonymous memory): proves zero-copy.
+static void mapped_file(const void *p, char *out, size_t cap) {
+    out[0] = 0;
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return;
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        int off = 0;
+        if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %n", &lo, &hi, &off) < 2) continue;
+        if ((uintptr_t)p >= lo && (uintptr_t)p < hi) {
+            snprintf(out, cap, "%s", line + off);
+            out[strcspn(out, "\n")] = 0;
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
 static td_model *load_ok(const char *name, td_err *err) {
     td_model *m = NULL;
     td_status s = td_model_load(P(name), &m, err);
@@ -133,6 +157,9 @@ static void test_good(void) {
         CHECK(m->cfg.n_eos == 2 && m->cfg.eos_ids[1] == 7 && fabsf(m->cfg.gen_temperature - 0.6f) < 1e-6f &&
                   fabsf(m->cfg.gen_top_p - 0.9f) < 1e-6f, "generation_config merged");
         CHECK(!td_tensor_present(&m->rope_freqs), "no rope_freqs");
+        char where[4096];
+        mapped_file(m->layers[1].w_up.data, where, sizeof where);
+        CHECK(ends_with(where, "hf_llama_f32/model.safetensors"), "weights are views of the mapped file: '%s'", where);
         td_model_free(m);
     }
     if ((m = load_ok("hf_llama_f16", &err))) {
@@ -141,6 +168,13 @@ static void test_good(void) {
     }
     if ((m = load_ok("hf_llama_sharded", &err))) {
         CHECK(m->layers[1].w_up.type == TD_BF16, "sharded bf16");
+        char w1[4096], w2[4096];
+        mapped_file(m->tok_embd.data, w1, sizeof w1);
+        mapped_file(m->output.data, w2, sizeof w2);
+        CHECK(ends_with(w1, "model-00001-of-00003.safetensors") && ends_with(w2, "model-00001-of-00003.safetensors"),
+              "embeddings in shard 1: %s", w1);
+        mapped_file(m->layers[1].w_down.data, w1, sizeof w1);
+        CHECK(ends_with(w1, "model-00003-of-00003.safetensors"), "last layer in shard 3: %s", w1);
         td_model_free(m);
     }
     if ((m = load_ok("hf_llama3_tied", &err))) {
@@ -171,6 +205,9 @@ static void test_good(void) {
         CHECK(c->n_eos == 2 && c->eos_ids[1] == 5, "eot added to eos");
         CHECK(m->layers[0].wq.type == TD_Q8_0 && m->layers[0].attn_norm.type == TD_F32, "q8_0 matrices");
         CHECK(td_tensor_present(&m->rope_freqs) && m->rope_freqs.ne[0] == 8 && m->rope_freqs.type == TD_F32, "rope_freqs");
+        char where[4096];
+        mapped_file(m->layers[0].wq.data, where, sizeof where);
+        CHECK(ends_with(where, "llama_q8_0.gguf"), "gguf weights mapped: '%s'", where);
         td_model_free(m);
     }
     if ((m = load_ok("llama_f32.gguf", &err))) {
@@ -185,6 +222,11 @@ static void test_good(void) {
     if ((m = load_ok("qwen3_q4_0.gguf", &err))) {
         CHECK(m->cfg.arch == TD_ARCH_QWEN3 && m->cfg.qk_norm && m->cfg.head_dim == 32 && m->layers[0].wq.type == TD_Q4_0,
               "qwen3 gguf");
+        td_model_free(m);
+    }
+    if ((m = load_ok("novocab.gguf", &err))) {
+        CHECK(m->cfg.vocab_size == 48 && m->cfg.tie_embeddings && m->output.data == m->tok_embd.data,
+              "vocab from token_embd rows");
         td_model_free(m);
     }
     // Misaligned safetensors data: copied to aligned memory, values intact.
@@ -226,6 +268,11 @@ static void test_bad(void) {
     expect_fail("bad/q4_1.gguf", TD_ERR_UNSUPPORTED, "Q4_1", "blk.1.ffn_up.weight");
     expect_fail("bad/missing.gguf", TD_ERR_NOT_FOUND, "blk.1.attn_v.weight", "missing.gguf");
     expect_fail("bad/noembd.gguf", TD_ERR_NOT_FOUND, "token_embd.weight", NULL);
+    expect_fail("bad/no_dim.gguf", TD_ERR_NOT_FOUND, "llama.embedding_length", NULL);
+    expect_fail("bad/partial_rope.gguf", TD_ERR_UNSUPPORTED, "partial rotary", "partial_rope.gguf");
+    expect_fail("bad/yarn.gguf", TD_ERR_UNSUPPORTED, "yarn", NULL);
+    expect_fail("bad/heads_str.gguf", TD_ERR_FORMAT, "llama.attention.head_count", "string");
+    expect_fail("bad/blocks.gguf", TD_ERR_NOT_FOUND, "blk.2.attn_norm.weight", NULL);
     expect_fail("does-not-exist", TD_ERR_NOT_FOUND, "does-not-exist", NULL);
     expect_fail("st_f32.safetensors", TD_ERR_FORMAT, "not a model directory", NULL);
 
