@@ -207,8 +207,12 @@ static const char *token_str(srv_req *r, int32_t id, char *buf, size_t cap) {
     return utf8_clean(raw, (size_t)n, buf, cap);
 }
 
+static bool drain_events(srv_req *r);
+
 static void req_free(srv_req *r) {
     td_server *s = r->srv;
+    // The client left before the engine finished: account the finish reasons and latency anyway.
+    if (r->n_subs && !r->finished) drain_events(r);
     for (int i = 0; i < r->n_choices; i++) {
         choice *c = &r->choices[i];
         td_srv_buf_free(&c->text);
@@ -782,44 +786,30 @@ static enum MHD_Result route_detokenize(srv_req *r, struct MHD_Connection *c) {
     cJSON *j = parse_body_object(r, &e);
     if (!j) return send_error(r, c, &e);
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(j, "tokens");
-    int32_t *ids;
-    int n;
-    td_api_limits lim = s->p.limits;
-    lim.vocab_size = s->info.vocab_size;
-    if (!cJSON_IsArray(toks)) {
-        cJSON_Delete(j);
-        return send_err(r, c, 400, "tokens", "'tokens' must be an array of token ids");
+    int n = cJSON_IsArray(toks) ? cJSON_GetArraySize(toks) : -1;
+    int32_t *ids = n >= 0 ? td_srv_arena_alloc(r->arena, sizeof(int32_t) * (size_t)(n + 1)) : NULL;
+    bool ok = ids != NULL;
+    int i = 0;
+    for (const cJSON *it = ok ? toks->child : NULL; it; it = it->next, i++) {
+        double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
+        if (!(v >= 0 && v < s->info.vocab_size && v == (double)(int32_t)v)) {
+            ok = false;
+            break;
+        }
+        ids[i] = (int32_t)v;
     }
-    // Reuse the prompt validator for the ids (range, integer).
-    cJSON *wrap = cJSON_CreateObject();
-    cJSON_AddItemReferenceToObject(wrap, "prompt", (cJSON *)toks);
-    td_api_request tmp;
-    bool ok = cJSON_GetArraySize(toks) == 0;
-    if (!ok) {
-        char *body = cJSON_PrintUnformatted(wrap);
-        ok = body && td_api_parse(TD_API_COMPLETIONS, body, strlen(body), &lim, NULL, r->arena, &tmp, &e) &&
-             tmp.n_prompts == 1 && tmp.prompts[0].ids;
-        if (!ok && body && e.http_status == 400) snprintf(e.param, sizeof e.param, "tokens");
-        if (body && !ok && tmp.n_prompts != 1) td_api_fail(&e, 400, "tokens", "'tokens' must be an array of token ids");
-        free(body);
-    }
-    cJSON_Delete(wrap);
     cJSON_Delete(j);
-    if (cJSON_GetArraySize(toks) != 0 && !ok) return send_error(r, c, &e);
-    ids = ok && cJSON_GetArraySize(toks) == 0 ? NULL : (int32_t *)tmp.prompts[0].ids;
-    n = ids ? tmp.prompts[0].n_ids : 0;
+    if (!ok) return send_err(r, c, 400, "tokens", "'tokens' must be an array of token ids in the vocabulary");
     td_err err = {0};
     long len = n ? s->eng.vt->detokenize(s->eng.ctx, ids, n, NULL, 0, &err) : 0;
     if (len < 0) return send_err(r, c, 400, "tokens", err.msg);
     char *text = td_srv_arena_alloc(r->arena, (size_t)len + 1);
-    if (!text) return send_err(r, c, 500, NULL, "out of memory");
+    char *clean = td_srv_arena_alloc(r->arena, (size_t)len * 3 + 8);
+    if (!text || !clean) return send_err(r, c, 500, NULL, "out of memory");
     if (n) s->eng.vt->detokenize(s->eng.ctx, ids, n, text, (size_t)len, &err);
-    char *clean = malloc((size_t)len * 3 + 8);
-    if (!clean) return send_err(r, c, 500, NULL, "out of memory");
     utf8_clean(text, (size_t)len, clean, (size_t)len * 3 + 8);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "prompt", clean);
-    free(clean);
     return send_json(r, c, 200, o);
 }
 
@@ -1139,7 +1129,8 @@ static void sleep_ms(int ms) {
 int td_server_stop(td_server *s, int grace_ms) {
     if (!s) return 0;
     atomic_store(&s->stopping, true);
-    MHD_quiesce_daemon(s->mhd);  // closes the listening socket; open connections go on
+    MHD_socket lfd = MHD_quiesce_daemon(s->mhd);  // stops accepting; open connections go on
+    if (lfd != MHD_INVALID_SOCKET) close(lfd);     // the socket is now ours to close
     double end = td_now() + grace_ms / 1000.0;
     for (;;) {
         pthread_mutex_lock(&s->mu);
