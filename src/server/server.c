@@ -207,12 +207,13 @@ static const char *token_str(srv_req *r, int32_t id, char *buf, size_t cap) {
     return utf8_clean(raw, (size_t)n, buf, cap);
 }
 
-static bool drain_events(srv_req *r);
+static bool drain_events(srv_req *r, bool quiet);
 
 static void req_free(srv_req *r) {
     td_server *s = r->srv;
     // The client left before the engine finished: account the finish reasons and latency anyway.
-    if (r->n_subs && !r->finished) drain_events(r);
+    // Quiet: timing and finish reasons only, no engine calls (this may run inside an engine callback).
+    if (r->n_subs && !r->finished) drain_events(r, true);
     for (int i = 0; i < r->n_choices; i++) {
         choice *c = &r->choices[i];
         td_srv_buf_free(&c->text);
@@ -222,6 +223,7 @@ static void req_free(srv_req *r) {
         cJSON_Delete(c->lp_offsets);
         cJSON_Delete(c->lp_content);
     }
+    free(r->choices);
     for (int i = 0; i < r->n_subs; i++) {
         cJSON_Delete(r->subs[i].p_tokens);
         cJSON_Delete(r->subs[i].p_values);
@@ -411,10 +413,11 @@ static cJSON *chat_lp_entry(srv_req *r, int32_t token, float lp, const td_top_lo
     return e;
 }
 
-static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *top, const char *text) {
+static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *top, const char *text, bool quiet) {
     sub *sb = &r->subs[h->sub];
     bool want_lp = r->api.gen.logprobs >= 0;
     char buf[800];
+    if (h->prompt && quiet) return;
     if (h->prompt) {  // prompt logprobs (completions echo + logprobs, non-streaming only)
         if (!sb->p_tokens) {
             sb->p_tokens = cJSON_CreateArray();
@@ -438,6 +441,7 @@ static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *to
     }
     c->t_last = h->t;
     c->n_tokens++;
+    if (quiet) return;
     cJSON *lp = NULL;
     if (want_lp) {
         if (r->api.kind == TD_API_CHAT) {
@@ -477,7 +481,7 @@ static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *to
         td_srv_buf_append(&c->text, text, h->text_len);
 }
 
-static void on_finish_event(srv_req *r, const ev_hdr *h, const char *text) {
+static void on_finish_event(srv_req *r, const ev_hdr *h, const char *text, bool quiet) {
     if (h->index < 0 || h->index >= r->api.gen.n) return;
     int ci = h->sub * r->api.gen.n + h->index;
     choice *c = &r->choices[ci];
@@ -485,6 +489,7 @@ static void on_finish_event(srv_req *r, const ev_hdr *h, const char *text) {
     c->reason = h->reason <= TD_FINISH_ABORT ? (td_finish_reason)h->reason : TD_FINISH_STOP;
     if (c->reason == TD_FINISH_NONE) c->reason = TD_FINISH_STOP;
     td_srv_metrics_finish(r->srv->metrics, c->reason);
+    if (quiet) return;
     if (r->api.gen.stream)
         emit_choice_chunk(r, ci, text, h->text_len, NULL, c->reason, false);
     else
@@ -554,8 +559,8 @@ static void record_metrics(srv_req *r) {
 }
 
 // Moves queued events to the server thread and applies them. Returns true when the request is
-// complete (every sub's on_done processed).
-static bool drain_events(srv_req *r) {
+// complete (every sub's on_done processed). quiet: account only (client gone), produce no output.
+static bool drain_events(srv_req *r, bool quiet) {
     pthread_mutex_lock(&r->mu);
     td_srv_buf tmp = r->work;
     r->work = r->events;
@@ -574,8 +579,8 @@ static bool drain_events(srv_req *r) {
         off += h.text_len;
         if (h.sub < 0 || h.sub >= r->n_subs) continue;
         switch (h.kind) {
-        case EV_TOKEN: on_token_event(r, &h, top, text); break;
-        case EV_FINISH: on_finish_event(r, &h, text); break;
+        case EV_TOKEN: on_token_event(r, &h, top, text, quiet); break;
+        case EV_FINISH: on_finish_event(r, &h, text, quiet); break;
         case EV_DONE:
             r->subs[h.sub].done = true;
             r->n_done++;
@@ -594,7 +599,7 @@ static bool drain_events(srv_req *r) {
     if (r->n_done == r->n_subs && !r->finished) {
         r->finished = true;
         record_metrics(r);
-        if (r->api.gen.stream) {
+        if (r->api.gen.stream && !quiet) {
             for (int ci = 0; ci < r->n_choices; ci++)  // choices the engine never finished
                 if (r->choices[ci].reason == TD_FINISH_NONE && !r->failed) {
                     r->choices[ci].reason = TD_FINISH_ABORT;
@@ -637,7 +642,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         pthread_mutex_unlock(&r->mu);
         if (empty) return 0;
-        drain_events(r);
+        drain_events(r, false);
     }
 }
 
@@ -951,7 +956,7 @@ static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
 
 // Non-streaming re-entry after resume.
 static enum MHD_Result generate_resume(srv_req *r, struct MHD_Connection *c) {
-    if (drain_events(r)) {
+    if (drain_events(r, false)) {
         if (r->failed) {
             td_api_error e;
             td_api_fail(&e, r->fail_status == TD_ERR_LIMIT ? 503 : 500, NULL, "%s",
