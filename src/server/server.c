@@ -1017,14 +1017,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!td_srv_buf_append(&r->body, upload, *upload_size)) {
-            *upload_size = 0;
+        // Past the limit: drop the rest (MHD accepts a response only once the upload is complete).
+        if (!r->body_too_large && !td_srv_buf_append(&r->body, upload, *upload_size)) {
             r->body_too_large = true;
-            return send_err(r, c, 413, NULL, "the request body is larger than the limit");
+            td_srv_buf_free(&r->body);
         }
         *upload_size = 0;
         return MHD_YES;
     }
+    if (r->body_too_large) return send_err(r, c, 413, NULL, "the request body is larger than the limit");
     if (r->n_subs) return generate_resume(r, c);  // woken up after submit
     switch (r->rt) {
     case R_HEALTH: return send_body(r, c, 200, "application/json", "", 0);

@@ -233,6 +233,11 @@ async function testErrors() {
   // Body beyond the 64 KiB limit.
   r = await post('/v1/completions', { prompt: 'x'.repeat(100000) });
   check(isErr(r, 413), 'body too large -> 413', r.status);
+  const big = new TextEncoder().encode(JSON.stringify({ prompt: 'x'.repeat(100000) }));
+  const rs = await fetch(base + '/v1/completions', { method: 'POST', duplex: 'half', headers: { 'Content-Type': 'application/json' },
+    body: new ReadableStream({ start(ctl) { ctl.enqueue(big.slice(0, 50000)); ctl.enqueue(big.slice(50000)); ctl.close(); } }) });
+  const rsj = await rs.json().catch(() => null);
+  check(rs.status === 413 && rsj && rsj.error.code === 413, 'chunked body too large -> 413', rs.status);
   // Routes and methods.
   r = await post('/v2/whatever', {});
   check(isErr(r, 404), 'unknown route -> 404', r.json);
