@@ -287,7 +287,7 @@ static void *mock_thread(void *arg) {
             batch[nb++] = q;
         }
         pthread_mutex_unlock(&m->mu);
-        struct timespec ts = {0, (long)m->p.step_us * 1000L};
+        struct timespec ts = {m->p.step_us / 1000000, (long)(m->p.step_us % 1000000) * 1000L};
         if (m->p.step_us > 0) nanosleep(&ts, NULL);
         for (int i = 0; i < nb; i++) {
             mock_req *q = batch[i];

@@ -134,6 +134,8 @@ struct td_server {
     int n_alloc;          // srv_req objects not yet freed
     atomic_int open_conns;
     atomic_bool stopping;
+    atomic_bool closing;  // final phase of stop: never suspend again
+    bool zombie;          // stopped, but requests remain (under mu): the last req_free frees s
     atomic_uint_fast64_t next_id;
 };
 
@@ -209,6 +211,12 @@ static const char *token_str(srv_req *r, int32_t id, char *buf, size_t cap) {
 
 static bool drain_events(srv_req *r, bool quiet);
 
+static void server_free(td_server *s) {
+    td_srv_metrics_free(s->metrics);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
 static void req_free(srv_req *r) {
     td_server *s = r->srv;
     // The client left before the engine finished: account the finish reasons and latency anyway.
@@ -239,8 +247,9 @@ static void req_free(srv_req *r) {
     pthread_mutex_destroy(&r->mu);
     free(r);
     pthread_mutex_lock(&s->mu);
-    s->n_alloc--;
+    bool last = --s->n_alloc == 0 && s->zombie;
     pthread_mutex_unlock(&s->mu);
+    if (last) server_free(s);  // td_server_stop returned before the engine let go of this request
 }
 
 // Drops one reference; frees at zero. Call without r->mu held.
@@ -633,7 +642,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             td_srv_buf_consume(&r->out, n);
             return (ssize_t)n;
         }
-        if (r->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (r->finished || atomic_load(&r->srv->closing)) return MHD_CONTENT_READER_END_OF_STREAM;
         pthread_mutex_lock(&r->mu);
         bool empty = r->events.len == 0;
         if (empty) {
@@ -965,6 +974,7 @@ static enum MHD_Result generate_resume(srv_req *r, struct MHD_Connection *c) {
         }
         return send_json(r, c, 200, full_response(r));
     }
+    if (atomic_load(&r->srv->closing)) return send_err(r, c, 503, NULL, "the server is shutting down");
     pthread_mutex_lock(&r->mu);
     bool empty = r->events.len == 0;
     if (empty) {
@@ -1095,6 +1105,7 @@ td_server *td_server_start(const td_server_params *p, td_engine engine, td_err *
     pthread_mutex_init(&s->mu, NULL);
     atomic_init(&s->open_conns, 0);
     atomic_init(&s->stopping, false);
+    atomic_init(&s->closing, false);
     atomic_init(&s->next_id, ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid());
     s->metrics = td_srv_metrics_create();
     struct sockaddr_in addr = {0};
@@ -1163,18 +1174,29 @@ int td_server_stop(td_server *s, int grace_ms) {
         if (live == 0 || td_now() >= end) break;
         sleep_ms(5);
     }
-    sleep_ms(20);
+    // MHD refuses to stop with suspended connections: wake whatever still waits on the engine.
+    atomic_store(&s->closing, true);
+    pthread_mutex_lock(&s->mu);
+    for (srv_req *r = s->live; r; r = r->next) {
+        pthread_mutex_lock(&r->mu);
+        if (r->suspended && !r->client_gone) {
+            r->suspended = false;
+            MHD_resume_connection(r->conn);
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    sleep_ms(50);
     MHD_stop_daemon(s->mhd);
     pthread_mutex_lock(&s->mu);
     int left = s->n_alloc;
+    s->zombie = left > 0;  // the engine still holds requests that point at s: the last one frees it
     pthread_mutex_unlock(&s->mu);
-    if (left) {  // the engine still holds requests: they reference s, so leak it rather than crash
+    if (left) {
         TD_LOGW("serve: %d requests still held by the engine at shutdown", left);
         return cancelled;
     }
-    td_srv_metrics_free(s->metrics);
-    pthread_mutex_destroy(&s->mu);
-    free(s);
+    server_free(s);
     return cancelled;
 }
 

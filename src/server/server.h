@@ -35,6 +35,8 @@ int td_server_port(const td_server *s);
 // Stops accepting new connections, lets in-flight requests finish for up to grace_ms, cancels the rest
 // through the engine and waits (bounded) for their last events, then stops MHD and frees the server.
 // Returns the number of requests it had to cancel. Safe to call from any thread but the server's own.
+// If the engine still holds requests after the bounded waits, their memory (and the server's) is
+// freed when the engine's last on_done arrives; the engine must still deliver those on_done calls.
 int td_server_stop(td_server *s, int grace_ms);
 
 #endif

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "server/serve_mock.h"
+#include "base/log.h"
 #include "server/server.h"
 #include "test_util.h"
 
@@ -102,6 +103,36 @@ int main(int argc, char **argv) {
     CHECK(strstr(resp, "data: [DONE]") != NULL, "aborted stream ends with [DONE]");
     CHECK(connect_port(port) < 0, "no longer accepting after stop");
     td_server_stop(srv2, 100);
+
+    // Stop while the engine does not answer within the grace period (a 2.5 s step): one stream and
+    // one non-streaming request are left suspended; stop must wake them, not crash, and return.
+    td_engine eng3;
+    td_mock_params mp3 = mp;
+    mp3.step_us = 2500000;
+    CHECK(td_mock_engine_create(&mp3, &eng3, &err) == TD_OK, "mock3: %s", err.msg);
+    td_server *srv3 = td_server_start(&sp, eng3, &err);
+    CHECK(srv3 != NULL, "start3: %s", err.msg);
+    if (srv3) {
+        int port3 = td_server_port(srv3);
+        int fds[2];
+        const char *bodies[2] = {"{\"prompt\":\"abc\",\"max_tokens\":5,\"stream\":true}", "{\"prompt\":\"abc\",\"max_tokens\":5}"};
+        for (int k = 0; k < 2; k++) {
+            fds[k] = connect_port(port3);
+            rl = snprintf(req, sizeof req,
+                          "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                          strlen(bodies[k]), bodies[k]);
+            CHECK(fds[k] >= 0 && write(fds[k], req, (size_t)rl) == rl, "write3");
+        }
+        usleep(50000);
+        double t0 = td_now();
+        int c3 = td_server_stop(srv3, 10);
+        CHECK(c3 == 2 && td_now() - t0 < 3.0, "stop with a stuck engine: cancelled %d in %.2f s", c3, td_now() - t0);
+        read_all(fds[1], resp, sizeof resp);
+        CHECK(strstr(resp, "HTTP/1.1 503") != NULL, "non-streaming request left waiting gets 503: %.80s", resp);
+        close(fds[0]);
+        close(fds[1]);
+    }
+    td_mock_engine_free(&eng3);  // its late on_done calls free the requests and then srv3
     td_mock_engine_free(&eng);
     td_mock_engine_free(&eng2);
     TEST_DONE();
