@@ -484,9 +484,10 @@ static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *to
             c->text_offset += strlen(ts);
         }
     }
-    if (r->api.gen.stream)
-        emit_choice_chunk(r, ci, text, h->text_len, lp, TD_FINISH_NONE, false);
-    else
+    if (r->api.gen.stream) {
+        if (h->text_len || lp)  // held-back text (a possible stop string) makes no empty chunk
+            emit_choice_chunk(r, ci, text, h->text_len, lp, TD_FINISH_NONE, false);
+    } else
         td_srv_buf_append(&c->text, text, h->text_len);
 }
 

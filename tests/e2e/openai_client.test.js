@@ -87,11 +87,14 @@ async function testNAndStops() {
   check(st2.choices[0].text === 'hello world' && st2.choices[0].finish_reason === 'length', 'unmatched stop string', st2.choices[0]);
   // A stop string that straddles tokens, streamed: nothing of it may leak into any chunk.
   const stream = await client.completions.create({ model: MODEL, prompt: 'hello world', max_tokens: 11, stop: ['lo w', 'xyz'], stream: true });
-  let text = '', fin = null, leaked = false;
+  let text = '', fin = null, leaked = false, empty = 0;
   for await (const chunk of stream) {
-    for (const c of chunk.choices) { text += c.text; if (c.text.includes('lo')) leaked = true; if (c.finish_reason) fin = c.finish_reason; }
+    for (const c of chunk.choices) {
+      text += c.text; if (c.text.includes('lo')) leaked = true; if (c.finish_reason) fin = c.finish_reason;
+      if (!c.text && !c.finish_reason) empty++;
+    }
   }
-  check(text === 'hel' && fin === 'stop' && !leaked, 'streamed stop across tokens', { text, fin, leaked });
+  check(text === 'hel' && fin === 'stop' && !leaked && empty === 0, 'streamed stop across tokens', { text, fin, leaked, empty });
   const sid = await client.completions.create({ model: MODEL, prompt: 'hello', max_tokens: 5, stop_token_ids: [111] });  // 'l'
   check(sid.choices[0].text === 'he' && sid.choices[0].finish_reason === 'stop', 'stop_token_ids', sid.choices[0]);
 }
