@@ -241,6 +241,9 @@ async function testErrors() {
     body: new ReadableStream({ start(ctl) { ctl.enqueue(big.slice(0, 50000)); ctl.enqueue(big.slice(50000)); ctl.close(); } }) });
   const rsj = await rs.json().catch(() => null);
   check(rs.status === 413 && rsj && rsj.error.code === 413, 'chunked body too large -> 413', rs.status);
+  // Request line + headers beyond the per-connection cap (MHD answers itself).
+  const hb = await fetch(base + '/health', { headers: { 'X-Big': 'x'.repeat(100000) } }).catch(() => null);
+  check(hb && hb.status === 431, 'header block too large -> 431', hb && hb.status);
   // Routes and methods.
   r = await post('/v2/whatever', {});
   check(isErr(r, 404), 'unknown route -> 404', r.json);
