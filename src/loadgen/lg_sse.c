@@ -21,7 +21,8 @@ static int grow(char **buf, size_t *cap, size_t need, size_t max) {
 td_status td_lg_sse_init(td_lg_sse *s, size_t max_bytes, td_err *err) {
     memset(s, 0, sizeof *s);
     s->max_bytes = max_bytes ? max_bytes : (1u << 20);
-    if (grow(&s->line, &s->line_cap, 1024, s->max_bytes) || grow(&s->data, &s->data_cap, 1024, s->max_bytes)) {
+    size_t first = s->max_bytes < 1024 ? s->max_bytes + 1 : 1024;
+    if (grow(&s->line, &s->line_cap, first, s->max_bytes) || grow(&s->data, &s->data_cap, first, s->max_bytes)) {
         td_lg_sse_free(s);
         return td_err_set(err, TD_ERR_NOMEM, "out of memory for the SSE parser");
     }
