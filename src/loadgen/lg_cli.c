@@ -42,6 +42,7 @@ static void usage(FILE *f) {
             "  --num-warmups N           untimed requests first (default 0)\n"
             "  --request-timeout S       seconds per request (default 600)\n"
             "  --no-keep-alive           a new connection per request\n"
+            "  --require-text            a chunk carries a token only with non-empty text (older vLLM)\n"
             "report:\n"
             "  --goodput KEY:MS ...      SLOs for goodput; KEY in ttft, tpot, e2el\n"
             "  --percentile-metrics L    sections printed (default ttft,tpot,itl,e2el)\n"
@@ -209,6 +210,8 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         } else if (!strcmp(name, "--request-timeout")) {
             if (!get_double(name, VAL(), 0.001, 1e7, &d)) return 0;
             o->p.timeout_s = d;
+        } else if (!strcmp(name, "--require-text")) {
+            o->p.require_text = 1;
         } else if (!strcmp(name, "--no-keep-alive")) {
             o->p.keep_alive = 0;
         } else if (!strcmp(name, "--goodput")) {  // one or more KEY:VALUE words

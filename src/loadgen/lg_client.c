@@ -165,7 +165,15 @@ static int on_event(void *ctx, char *data, size_t n) {
     const cJSON *usage = cJSON_GetObjectItemCaseSensitive(j, "usage");
     const cJSON *error = cJSON_GetObjectItemCaseSensitive(j, "error");
     int rc = 0;
-    if (cJSON_IsArray(choices) && cJSON_GetArraySize(choices) > 0) {
+    int token = cJSON_IsArray(choices) && cJSON_GetArraySize(choices) > 0;
+    if (token && c->loop->p->require_text) {
+        const cJSON *c0 = cJSON_GetArrayItem(choices, 0);
+        const cJSON *delta = cJSON_GetObjectItemCaseSensitive(c0, "delta");
+        const cJSON *text = delta ? cJSON_GetObjectItemCaseSensitive(delta, "content")
+                                  : cJSON_GetObjectItemCaseSensitive(c0, "text");
+        token = cJSON_IsString(text) && text->valuestring[0];
+    }
+    if (token) {
         // A token-carrying chunk (vLLM: any chunk with choices; the text may be empty for special
         // tokens): TTFT at the first, ITL between consecutive ones.
         double t = c->now;

@@ -175,6 +175,7 @@ td_status td_lg_workload_build(const td_lg_params *p, const char *model, td_lg_w
                           url.prefix, p->endpoint, url.host, url.port, blen, key ? "Authorization: Bearer " : "",
                           key ? key : "", key ? "\r\n" : "", p->keep_alive ? "" : "Connection: close\r\n");
         memcpy(http + hl, body, blen);
+        http[hl + blen] = 0;
         free(body);
         w->reqs[i].http = http;
         w->reqs[i].http_len = (size_t)hl + blen;

@@ -35,6 +35,8 @@ typedef struct td_lg_params {
     double temperature;      // NAN: not sent
     const char *extra_body;  // JSON object whose members are added to every request body, or NULL
     int num_warmups;         // requests sent (and discarded) before the timed run
+    int require_text;        // count a chunk as a token only when its text / delta.content is
+                             // non-empty (older vLLM); default 0: any chunk with choices (vLLM now)
 } td_lg_params;
 
 td_lg_params td_lg_default_params(void);
@@ -44,7 +46,7 @@ td_lg_params td_lg_default_params(void);
 // One prepared request: the HTTP bytes are built before the run so that the timed loop only
 // writes and reads. Owned by a td_lg_workload.
 typedef struct td_lg_request {
-    char *http;          // the whole HTTP request (head + JSON body)
+    char *http;          // the whole HTTP request (head + JSON body), NUL-terminated
     size_t http_len;     // bytes
     int prompt_len;      // tokens (exact for token-id prompts; words for chat text)
     int max_tokens;      // tokens requested

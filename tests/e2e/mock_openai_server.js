@@ -7,7 +7,8 @@
 // (max_tokens of them with ignore_eos): the first after first-delay-ms, then one every
 // token-delay-ms, then a usage chunk (when stream_options.include_usage) and [DONE].
 // The model name selects a behaviour: mock-error (HTTP 500), mock-hang (never answers),
-// mock-malformed (a broken JSON chunk), mock-nousage (no usage chunk), mock-split (every event
+// mock-malformed (a broken JSON chunk), mock-nousage (no usage chunk), mock-empty (an empty-text
+// chunk before the tokens), mock-split (every event
 // written in two pieces split inside the JSON), mock-length (whole body with Content-Length).
 // GET /mock/stats reports the requests seen and the most in flight at once; POST /mock/reset.
 'use strict';
@@ -71,6 +72,13 @@ function handleGenerate(req, res, body, chat) {
   const events = [];
   for (let k = 0; k < n; k++) events.push('data: ' + JSON.stringify(tokenChunk(k)) + '\n\n');
   if (model === 'mock-malformed') events.splice(1, 0, 'data: {"choices": [ broken\n\n');
+  let tokenChunks = n;
+  if (model === 'mock-empty') {  // a chunk with choices but empty text first, as for a special token
+    const empty = chat ? { choices: [{ index: 0, delta: { role: 'assistant', content: '' } }] }
+                       : { choices: [{ index: 0, text: '' }] };
+    events.unshift('data: ' + JSON.stringify(empty) + '\n\n');
+    tokenChunks = n + 1;
+  }
   if (includeUsage && model !== 'mock-nousage') events.push('data: ' + JSON.stringify(usageChunk) + '\n\n');
   events.push('data: [DONE]\n\n');
   stats.completion_tokens += n;
@@ -101,7 +109,7 @@ function handleGenerate(req, res, body, chat) {
   const next = () => {
     if (i >= events.length) { res.end(); return; }
     // token chunks keep the schedule; usage and [DONE] follow the last token at once
-    setTimeout(send, i < n ? opt.tokenDelayMs : 0);
+    setTimeout(send, i < tokenChunks ? opt.tokenDelayMs : 0);
   };
   setTimeout(send, opt.firstDelayMs);
 }

@@ -297,6 +297,24 @@ int main(void) {
         outcome_free(&o);
     }
 
+    // P: a first chunk with choices but empty text counts as a token (vLLM), unless --require-text.
+    {
+        td_lg_params p = base_params(&mk, 4, 8, 5);
+        p.ignore_eos = 1;
+        outcome o = run_case(&mk, &p, "mock-empty", NULL);
+        CHECK(o.ok && o.m.completed == 4 && o.run.res[0].chunks == 6 && o.m.total_output == 20,
+              "P: chunks %d output %lld", o.ok ? o.run.res[0].chunks : -1, o.m.total_output);
+        double ttft_any = o.m.ttft.mean;
+        outcome_free(&o);
+        p.require_text = 1;
+        o = run_case(&mk, &p, "mock-empty", NULL);
+        CHECK(o.ok && o.m.completed == 4 && o.run.res[0].chunks == 5, "P: require-text chunks %d",
+              o.ok ? o.run.res[0].chunks : -1);
+        CHECK(o.ok && o.m.ttft.mean - ttft_any > 10, "P: require-text TTFT %.1f ms later than %.1f ms (mock 20)",
+              o.m.ttft.mean, ttft_any);
+        outcome_free(&o);
+    }
+
     // G: events split inside the JSON across writes; H: Content-Length body.
     {
         td_lg_params p = base_params(&mk, 6, 8, 6);
