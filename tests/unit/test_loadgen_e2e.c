@@ -369,12 +369,16 @@ int main(void) {
         mkdir(".cache", 0755);
         const char *path = ".cache/loadgen_e2e_result.json";
         remove(path);
-        char *argv[] = {"serve", "--base-url", mk.url, "--num-prompts", "10", "--random-input-len", "12",
+        cJSON_Delete(mock_call(&mk, "POST", "/mock/reset"));
+        char *argv[] = {"serve", "--base-url", mk.url, "--num-prompts", "10", "--random-input-len", "12", "--num-warmups", "2",
                         "--random-output-len", "5", "--ignore-eos", "--max-concurrency", "5",
                         "--goodput", "ttft:5000", "tpot:1000", "--metric-percentiles", "50,99",
                         "--save-result", "--result-filename", (char *)path, NULL};
         int rc = td_lg_bench_main((int)(sizeof argv / sizeof *argv) - 1, argv);
         CHECK(rc == 0, "M: exit status %d", rc);
+        cJSON *ms = mock_call(&mk, "GET", "/mock/stats");
+        CHECK(stat_int(ms, "requests") == 12, "M: 2 warm-up + 10 requests, mock saw %d", stat_int(ms, "requests"));
+        cJSON_Delete(ms);
         char *text = NULL;
         td_err err;
         cJSON *j = td_read_file(path, 0, &text, NULL, &err) == TD_OK ? cJSON_Parse(text) : NULL;
