@@ -9,7 +9,8 @@
 // The model name selects a behaviour: mock-error (HTTP 500), mock-hang (never answers),
 // mock-malformed (a broken JSON chunk), mock-nousage (no usage chunk), mock-empty (an empty-text
 // chunk before the tokens), mock-split (every event
-// written in two pieces split inside the JSON), mock-length (whole body with Content-Length).
+// written in two pieces split inside the JSON), mock-length (whole body with Content-Length),
+// mock-drop-reused (closes a keep-alive connection when a second request arrives on it).
 // GET /mock/stats reports the requests seen and the most in flight at once; POST /mock/reset.
 'use strict';
 const http = require('http');
@@ -27,7 +28,7 @@ for (let i = 2; i < process.argv.length; i += 2) {
 let stats;
 function resetStats() {
   stats = { requests: 0, in_flight: 0, max_concurrent: 0, ignore_eos: 0, include_usage: 0,
-            prompt_tokens: 0, completion_tokens: 0, connections: 0, last_body: null };
+            prompt_tokens: 0, completion_tokens: 0, connections: 0, dropped: 0, last_body: null };
 }
 resetStats();
 
@@ -38,6 +39,12 @@ function json(res, code, obj) {
 }
 
 function handleGenerate(req, res, body, chat) {
+  req.socket.served = (req.socket.served || 0) + 1;
+  if (body.includes('"mock-drop-reused"') && req.socket.served > 1) {
+    stats.dropped++;  // a keep-alive connection that dies under a new request, before any reply
+    req.socket.destroy();
+    return;
+  }
   stats.requests++;
   stats.in_flight++;
   stats.max_concurrent = Math.max(stats.max_concurrent, stats.in_flight);

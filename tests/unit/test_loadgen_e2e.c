@@ -273,6 +273,20 @@ int main(void) {
         outcome_free(&o);
     }
 
+    // Q: a reused keep-alive connection that the server closes under a request: sent again on a
+    // fresh connection, not counted as a failure.
+    {
+        td_lg_params p = base_params(&mk, 6, 8, 3);
+        p.ignore_eos = 1;
+        p.max_concurrency = 1;
+        outcome o = run_case(&mk, &p, "mock-drop-reused", NULL);
+        CHECK(o.ok && o.m.completed == 6 && o.m.failed == 0, "Q: completed %d failed %d (%s)", o.m.completed,
+              o.m.failed, o.ok && o.m.failed ? o.run.res[1].error : "");
+        CHECK(o.ok && stat_int(o.stats, "dropped") == 5 && o.run.connections_opened == 6,
+              "Q: dropped %d, connections %d", stat_int(o.stats, "dropped"), o.run.connections_opened);
+        outcome_free(&o);
+    }
+
     // E: chat endpoint: text prompt of 16 words, input length from usage.
     {
         td_lg_params p = base_params(&mk, 8, 16, 6);
