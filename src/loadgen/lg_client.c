@@ -242,7 +242,10 @@ static void conn_write(lg_loop *L, lg_conn *c) {
             continue;
         }
         if (k < 0 && errno == EINTR) continue;
-        if (k < 0 && errno == EAGAIN) return;  // wait for EPOLLOUT
+        if (k < 0 && errno == EAGAIN) {  // wait for EPOLLOUT (a reused connection was waiting for input)
+            conn_want(L, c, EPOLLOUT, 0);
+            return;
+        }
         int e = errno;
         if (c->reused && (e == EPIPE || e == ECONNRESET)) {  // stale keep-alive: retry fresh
             lg_retry(L, c);
@@ -327,9 +330,7 @@ static void lg_retry(lg_loop *L, lg_conn *c) {
     int i = c->req;
     conn_close(L, c);
     c->reused = 0;
-    double start = L->run->res[i].start;
-    conn_begin(L, c, i);
-    L->run->res[i].start = start;
+    conn_begin(L, c, i);  // keeps res[i].start
     int code = 0;
     if (!conn_open(L, c, &code)) {
         c->req = i;

@@ -287,6 +287,18 @@ int main(void) {
         outcome_free(&o);
     }
 
+    // R: large request bodies (about 5 MB: partial writes) on reused keep-alive connections.
+    {
+        td_lg_params p = base_params(&mk, 3, 1000000, 2);
+        p.ignore_eos = 1;
+        p.max_concurrency = 1;
+        outcome o = run_case(&mk, &p, "mock-model", NULL);
+        CHECK(o.ok && o.m.completed == 3 && o.m.total_input == 3000000 && o.run.connections_opened == 1,
+              "R: completed %d input %lld connections %d (%s)", o.m.completed, o.m.total_input,
+              o.run.connections_opened, o.ok && o.m.failed ? o.run.res[o.run.n - 1].error : "");
+        outcome_free(&o);
+    }
+
     // E: chat endpoint: text prompt of 16 words, input length from usage.
     {
         td_lg_params p = base_params(&mk, 8, 16, 6);
