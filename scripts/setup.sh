@@ -10,7 +10,10 @@ want_test=0
 
 pkgs=(cmake make gcc pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libxxhash-dev)
 if [ $want_test = 1 ]; then
-  pkgs+=(python3 python3-torch python3-numpy nodejs npm clang libclang-rt-14-dev)
+  pkgs+=(python3 python3-torch python3-numpy clang libclang-rt-14-dev)
+  # Node.js may come from elsewhere than Debian (with npm bundled): only install what is missing.
+  command -v node >/dev/null || pkgs+=(nodejs)
+  command -v npm >/dev/null || pkgs+=(npm)
 fi
 
 missing=()
