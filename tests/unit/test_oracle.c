@@ -5,7 +5,8 @@
 //
 // Tolerances. The oracle runs in float64 on exactly the weights each file stores (rounded to
 // F16/BF16, or quantized and dequantized), so the only difference left is tandem's f32
-// arithmetic: about 1e-6 relative on logits of magnitude <= ~20, far inside 1e-4. The bound is
+// arithmetic: about 1e-6 relative on logits of magnitude <= ~20 (measured worst 1.4e-5 over all
+// 33 files, any dtype, with the reference kernels), far inside 1e-4. The bound is
 // therefore 1e-4 for every dtype. Should a kernel ever quantize activations (as llama.cpp's
 // q8_0 x q8_0 dot does), Q8_0/Q4_0 would need a measured, looser bound here; every run prints the
 // measured maxima so such a change is visible.
