@@ -438,7 +438,7 @@ static td_status build(td_tokenizer *t, const cJSON *root, const cJSON *cfg, td_
         }
         if (special) t->flags[id] |= TOK_F_SPECIAL;
         if ((st = tok_add_added(t, c, strlen(c), id, special, jbool(v, "lstrip", false), jbool(v, "rstrip", false),
-                                jbool(v, "single_word", false), err)))
+                                jbool(v, "single_word", false), jbool(v, "normalized", !special), err)))
             return st;
     }
     if ((st = tok_build_vocab_hash(t, err))) return st;

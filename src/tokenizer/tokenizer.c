@@ -158,7 +158,11 @@ size_t tok_bytelevel_to_raw(const char *s, size_t n, char *out) {
         bool inc;
         i += tok_utf8_next((const uint8_t *)s + i, n - i, &cp, &inc);
         int b = cp >= 0 ? tok_cp_to_byte((uint32_t)cp) : -1;
-        if (b >= 0) out[o++] = (char)b;
+        if (b < 0) {  // not a byte-level spelling: HF's ByteLevel decoder keeps such tokens verbatim
+            memcpy(out, s, n);
+            return n;
+        }
+        out[o++] = (char)b;
     }
     return o;
 }
@@ -170,7 +174,7 @@ td_tokenizer *tok_alloc(void) {
     td_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->unk_id = t->bos_id = t->eos_id = -1;
-    for (int i = 0; i < 256; i++) t->byte_tok[i] = t->trie_root[i] = -1;
+    for (int i = 0; i < 256; i++) t->byte_tok[i] = t->trie_root[0][i] = t->trie_root[1][i] = -1;
     return t;
 }
 
@@ -284,48 +288,6 @@ static inline bool merge_get(const td_tokenizer *t, int32_t a, int32_t b, uint32
         }
         if (!m->key) return false;
     }
-}
-
-td_status tok_add_added(td_tokenizer *t, const char *s, size_t n, int32_t id, bool special, bool lstrip,
-                        bool rstrip, bool single_word, td_err *err) {
-    if (n == 0) return TD_OK;  // HF never matches an empty added token
-    for (int i = 0; i < t->n_added; i++)
-        if (t->added[i].n == n && !memcmp(t->added[i].s, s, n)) return TD_OK;  // duplicate content
-    tok_added *a = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *a);
-    if (!a) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
-    t->added = a;
-    tok_added *x = &a[t->n_added];
-    x->s = tok_strndup(s, n);
-    if (!x->s) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
-    x->n = n, x->id = id, x->special = special, x->lstrip = lstrip, x->rstrip = rstrip;
-    x->single_word = single_word;
-    int idx = t->n_added++;
-    // Insert into the byte trie (indices, not pointers: the node array may move).
-    int32_t parent = -1;  // -1: the first level, trie_root[]
-    for (size_t i = 0;; i++) {
-        int32_t node = parent < 0 ? t->trie_root[(uint8_t)s[0]] : t->trie[parent].child;
-        int32_t prev_sib = -1;
-        while (node >= 0 && t->trie[node].c != (uint8_t)s[i]) prev_sib = node, node = t->trie[node].sibling;
-        if (node < 0) {
-            if (t->n_trie == t->cap_trie) {
-                int cap = t->cap_trie ? t->cap_trie * 2 : 256;
-                tok_trie *tr = realloc(t->trie, (size_t)cap * sizeof *tr);
-                if (!tr) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
-                t->trie = tr, t->cap_trie = cap;
-            }
-            node = t->n_trie++;
-            t->trie[node] = (tok_trie){.child = -1, .sibling = -1, .added = -1, .c = (uint8_t)s[i]};
-            if (prev_sib >= 0) t->trie[prev_sib].sibling = node;
-            else if (parent < 0) t->trie_root[(uint8_t)s[0]] = node;
-            else t->trie[parent].child = node;
-        }
-        if (i + 1 == n) {
-            if (t->trie[node].added < 0) t->trie[node].added = idx;
-            break;
-        }
-        parent = node;
-    }
-    return TD_OK;
 }
 
 void tok_fill_byte_tokens(td_tokenizer *t) {
@@ -909,12 +871,152 @@ static bool normalize(const td_tokenizer *t, work *w, const char *s, size_t n) {
     return true;
 }
 
-// One segment of text between added tokens: normalize, pre-tokenize, BPE each piece.
-static void encode_segment(const td_tokenizer *t, work *w, const char *s, size_t n) {
-    if (!normalize(t, w, s, n)) {
-        w->oom = true;
-        return;
+static td_status trie_insert(td_tokenizer *t, int which, const char *s, size_t n, int idx, td_err *err);
+
+td_status tok_add_added(td_tokenizer *t, const char *s, size_t n, int32_t id, bool special, bool lstrip,
+                        bool rstrip, bool single_word, bool normalized, td_err *err) {
+    if (n == 0) return TD_OK;  // HF never matches an empty added token
+    for (int i = 0; i < t->n_added; i++)
+        if (t->added[i].n == n && !memcmp(t->added[i].s, s, n)) return TD_OK;  // duplicate content
+    tok_added *a = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *a);
+    if (!a) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
+    t->added = a;
+    tok_added *x = &a[t->n_added];
+    x->s = tok_strndup(s, n);
+    if (!x->s) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
+    x->n = n, x->id = id, x->special = special, x->lstrip = lstrip, x->rstrip = rstrip;
+    x->single_word = single_word, x->normalized = normalized && t->n_norm > 0;
+    int idx = t->n_added++;
+    // The pattern: the content itself, or its normalized form (HF normalizes the pattern too).
+    work w = {0};
+    int which = 0;
+    if (x->normalized) {
+        if (!normalize(t, &w, s, n)) {
+            free(w.norm.p), free(w.tmp.p);
+            return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
+        }
+        s = w.norm.p, n = w.norm.n, which = 1;
+        t->n_norm_added++;
     }
+    td_status st = n ? trie_insert(t, which, s, n, idx, err) : TD_OK;
+    free(w.norm.p), free(w.tmp.p);
+    return st;
+}
+
+static td_status trie_insert(td_tokenizer *t, int which, const char *s, size_t n, int idx, td_err *err) {
+    // Insert into the byte trie (indices, not pointers: the node array may move).
+    int32_t parent = -1;  // -1: the first level, trie_root[]
+    for (size_t i = 0;; i++) {
+        int32_t node = parent < 0 ? t->trie_root[which][(uint8_t)s[0]] : t->trie[parent].child;
+        int32_t prev_sib = -1;
+        while (node >= 0 && t->trie[node].c != (uint8_t)s[i]) prev_sib = node, node = t->trie[node].sibling;
+        if (node < 0) {
+            if (t->n_trie == t->cap_trie) {
+                int cap = t->cap_trie ? t->cap_trie * 2 : 256;
+                tok_trie *tr = realloc(t->trie, (size_t)cap * sizeof *tr);
+                if (!tr) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
+                t->trie = tr, t->cap_trie = cap;
+            }
+            node = t->n_trie++;
+            t->trie[node] = (tok_trie){.child = -1, .sibling = -1, .added = -1, .c = (uint8_t)s[i]};
+            if (prev_sib >= 0) t->trie[prev_sib].sibling = node;
+            else if (parent < 0) t->trie_root[which][(uint8_t)s[0]] = node;
+            else t->trie[parent].child = node;
+        }
+        if (i + 1 == n) {
+            if (t->trie[node].added < 0) t->trie[node].added = idx;
+            break;
+        }
+        parent = node;
+    }
+    return TD_OK;
+}
+
+static bool is_ws_cp(int32_t c) {
+    if (c == ' ' || (c >= 9 && c <= 13) || c == 0x85) return true;
+    if (c < 0x80) return false;
+    utf8proc_category_t k = utf8proc_category(c);
+    return k == UTF8PROC_CATEGORY_ZS || k == UTF8PROC_CATEGORY_ZL || k == UTF8PROC_CATEGORY_ZP;
+}
+
+// Unicode \w as Rust's regex has it: letters, marks, digits, connector punctuation, ZWNJ/ZWJ.
+static bool is_word_cp(int32_t c) {
+    if (c < 0x80) return (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z') || c == '_';
+    if (c == 0x200C || c == 0x200D) return true;
+    utf8proc_category_t k = utf8proc_category(c);
+    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_NO) || k == UTF8PROC_CATEGORY_PC;
+}
+
+// Code point ending just before s[i] (i > 0), and its start.
+static int32_t cp_before(const char *s, size_t i, size_t *start) {
+    size_t j = i - 1;
+    while (j > 0 && ((uint8_t)s[j] & 0xC0) == 0x80 && i - j < 4) j--;
+    int32_t cp;
+    bool inc;
+    tok_utf8_next((const uint8_t *)s + j, i - j, &cp, &inc);
+    *start = j;
+    return cp;
+}
+
+// Next added-token match in text[*pos, len) with the trie `which`, as HF's AddedVocabulary
+// find_matches does: leftmost-longest non-overlapping matches; a single_word match touching a
+// word character is dropped (and its bytes are not searched again); lstrip/rstrip widen the
+// match over whitespace, lstrip not past `floor` (the end of the previous match).
+static bool next_added(const td_tokenizer *t, int which, const char *text, size_t len, size_t floor, size_t *pos,
+                       size_t *ms_out, size_t *me_out, int32_t *id) {
+    size_t i = *pos;
+    while (i < len) {
+        int32_t node = t->trie_root[which][(uint8_t)text[i]];
+        int best = -1;
+        size_t best_end = 0;
+        for (size_t j = i; node >= 0;) {
+            if (t->trie[node].added >= 0) best = t->trie[node].added, best_end = j + 1;
+            if (++j >= len) break;
+            int32_t c = t->trie[node].child;
+            while (c >= 0 && t->trie[c].c != (uint8_t)text[j]) c = t->trie[c].sibling;
+            node = c;
+        }
+        if (best < 0) {
+            i++;
+            continue;
+        }
+        const tok_added *a = &t->added[best];
+        size_t ms = i, me = best_end;
+        if (a->single_word) {
+            size_t st;
+            int32_t cp = -1;
+            bool inc;
+            bool left_ok = ms == 0 || !is_word_cp(cp_before(text, ms, &st));
+            if (me < len) tok_utf8_next((const uint8_t *)text + me, len - me, &cp, &inc);
+            bool right_ok = me == len || !is_word_cp(cp);
+            if (!left_ok || !right_ok) {
+                i = me;
+                continue;
+            }
+        }
+        if (a->lstrip) {
+            size_t st;
+            while (ms > floor && is_ws_cp(cp_before(text, ms, &st))) ms = st;
+        }
+        if (a->rstrip) {
+            while (me < len) {
+                int32_t cp;
+                bool inc;
+                size_t k = tok_utf8_next((const uint8_t *)text + me, len - me, &cp, &inc);
+                if (cp < 0 || !is_ws_cp(cp)) break;
+                me += k;
+            }
+        }
+        *ms_out = ms, *me_out = me, *id = a->id;
+        *pos = me;
+        return true;
+    }
+    *pos = len;
+    return false;
+}
+
+// Pre-tokenizes w->norm[0, n) and runs BPE on each piece.
+static void pretokenize_bpe(const td_tokenizer *t, work *w) {
     w->nsp = 0;
     sp_push(&w->sp, &w->nsp, &w->capsp, 0, (uint32_t)w->norm.n, &w->oom);
     for (int i = 0; i < t->n_pre && !w->oom; i++) {
@@ -948,29 +1050,32 @@ static void encode_segment(const td_tokenizer *t, work *w, const char *s, size_t
     for (size_t k = 0; k < w->nsp && !w->oom; k++) bpe_piece(t, w, w->norm.p + w->sp[k].off, w->sp[k].len);
 }
 
-static bool is_ws_cp(int32_t c) {
-    if (c == ' ' || (c >= 9 && c <= 13) || c == 0x85) return true;
-    if (c < 0x80) return false;
-    utf8proc_category_t k = utf8proc_category(c);
-    return k == UTF8PROC_CATEGORY_ZS || k == UTF8PROC_CATEGORY_ZL || k == UTF8PROC_CATEGORY_ZP;
-}
-
-static bool is_alnum_cp(int32_t c) {
-    if (c < 0x80) return (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z');
-    utf8proc_category_t k = utf8proc_category(c);
-    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
-           (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
-}
-
-// Code point ending just before s[i] (i > 0), and its start.
-static int32_t cp_before(const char *s, size_t i, size_t *start) {
-    size_t j = i - 1;
-    while (j > 0 && ((uint8_t)s[j] & 0xC0) == 0x80 && i - j < 4) j--;
-    int32_t cp;
-    bool inc;
-    tok_utf8_next((const uint8_t *)s + j, i - j, &cp, &inc);
-    *start = j;
-    return cp;
+// One segment of raw text between added tokens: normalize, split out normalized added tokens,
+// then pre-tokenize and BPE what is left.
+static void encode_segment(const td_tokenizer *t, work *w, const char *s, size_t n) {
+    if (!normalize(t, w, s, n)) {
+        w->oom = true;
+        return;
+    }
+    if (!t->n_norm_added) return pretokenize_bpe(t, w);
+    tok_buf seg = w->norm;  // keep the normalized segment; pieces are copied into w->norm
+    w->norm = (tok_buf){0};
+    size_t pos = 0, done = 0, ms, me;
+    int32_t id;
+    while (!w->oom) {
+        bool found = next_added(t, 1, seg.p, seg.n, done, &pos, &ms, &me, &id);
+        size_t gap_end = found ? ms : seg.n;
+        if (gap_end > done) {
+            w->norm.n = 0;
+            if (!buf_put(&w->norm, seg.p + done, gap_end - done)) w->oom = true;
+            else pretokenize_bpe(t, w);
+        }
+        if (!found) break;
+        push_id(w, id);
+        done = me;
+    }
+    free(w->norm.p);
+    w->norm = seg;
 }
 
 td_status td_tokenizer_encode(const td_tokenizer *t, const char *text, size_t len, bool add_special,
@@ -987,54 +1092,17 @@ td_status td_tokenizer_encode(const td_tokenizer *t, const char *text, size_t le
     }
     if (add_special)
         for (int i = 0; i < t->n_prefix; i++) push_id(&w, t->post_prefix[i]);
-    // Split out added tokens: leftmost-longest, non-overlapping (HF's aho-corasick).
-    size_t seg = 0, i = 0;
-    while (i < len && !w.oom) {
-        int32_t node = t->n_added ? t->trie_root[(uint8_t)text[i]] : -1;
-        int best = -1;
-        size_t best_end = 0;
-        for (size_t j = i; node >= 0;) {
-            if (t->trie[node].added >= 0) best = t->trie[node].added, best_end = j + 1;
-            if (++j >= len) break;
-            int32_t c = t->trie[node].child;
-            while (c >= 0 && t->trie[c].c != (uint8_t)text[j]) c = t->trie[c].sibling;
-            node = c;
-        }
-        if (best < 0) {
-            i++;
-            continue;
-        }
-        const tok_added *a = &t->added[best];
-        size_t ms = i, me = best_end;
-        if (a->single_word) {
-            size_t st;
-            int32_t cp;
-            bool inc;
-            bool left_ok = ms == 0 || !is_alnum_cp(cp_before(text, ms, &st));
-            bool right_ok = me == len || (tok_utf8_next((const uint8_t *)text + me, len - me, &cp, &inc), !is_alnum_cp(cp));
-            if (!left_ok || !right_ok) {
-                i++;
-                continue;
-            }
-        }
-        if (a->lstrip) {
-            size_t st;
-            while (ms > seg && is_ws_cp(cp_before(text, ms, &st))) ms = st;
-        }
-        if (a->rstrip) {
-            while (me < len) {
-                int32_t cp;
-                bool inc;
-                size_t k = tok_utf8_next((const uint8_t *)text + me, len - me, &cp, &inc);
-                if (!is_ws_cp(cp)) break;
-                me += k;
-            }
-        }
-        if (ms > seg) encode_segment(t, &w, text + seg, ms - seg);
-        push_id(&w, a->id);
-        seg = i = me;
+    // Raw-text added tokens first; each gap is normalized and searched for normalized ones.
+    size_t pos = 0, done = 0, ms, me;
+    int32_t id;
+    while (!w.oom) {
+        bool found = next_added(t, 0, text, len, done, &pos, &ms, &me, &id);
+        size_t gap_end = found ? ms : len;
+        if (gap_end > done) encode_segment(t, &w, text + done, gap_end - done);
+        if (!found) break;
+        push_id(&w, id);
+        done = me;
     }
-    if (len > seg && !w.oom) encode_segment(t, &w, text + seg, len - seg);
     if (add_special)
         for (int k = 0; k < t->n_suffix; k++) push_id(&w, t->post_suffix[k]);
     free(w.norm.p), free(w.tmp.p), free(w.clean.p), free(w.sp), free(w.sp2), free(w.syms), free(w.heap);

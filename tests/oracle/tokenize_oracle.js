@@ -34,6 +34,7 @@ async function main() {
   let cut = brown.indexOf('\n', 4096);
   texts.push({ name: 'brown_4k', text: brown.slice(0, cut + 1) });
   texts.push({ name: 'added_flags', text: 'Hello world <s> xx<s> <s>x <L> a <R>  b  <L><R>\t<L>\n<R>\n <|im_start|>  <s>' });
+  texts.push({ name: 'added_normalized', text: 'Hello  world  x lo low café cafe\u0301 e\u0301 lo  world' });
   const cases = texts.map((t) => {
     const raw = t.hex !== undefined ? Buffer.from(t.hex, 'hex') : Buffer.from(t.text, 'utf8');
     return { name: t.name, input_hex: raw.toString('hex'), text: raw.toString('utf8') };

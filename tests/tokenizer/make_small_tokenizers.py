@@ -26,9 +26,9 @@ def template(tok, tid):
             "special_tokens": {tok: {"id": tok, "ids": [tid], "tokens": [tok]}}}
 
 
-def added(i, c, special, single_word=False, lstrip=False, rstrip=False):
+def added(i, c, special, single_word=False, lstrip=False, rstrip=False, normalized=False):
     return {"id": i, "content": c, "single_word": single_word, "lstrip": lstrip, "rstrip": rstrip,
-            "normalized": False, "special": special}
+            "normalized": normalized, "special": special}
 
 
 v = {bl(b): b for b in range(256)}
@@ -38,7 +38,8 @@ for a, b in merges:
     v.setdefault(a + b, len(v))
 n = len(v)
 adds = [added(n, "<|im_start|>", True), added(n + 1, "<s>", False, single_word=True),
-        added(n + 2, "<L>", True, lstrip=True), added(n + 3, "<R>", True, rstrip=True)]
+        added(n + 2, "<L>", True, lstrip=True), added(n + 3, "<R>", True, rstrip=True),
+        added(n + 4, "e\u0301", False, normalized=True)]  # NFD content, matched as NFC "é"
 bpe = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None, "end_of_word_suffix": None,
        "fuse_unk": False, "byte_fallback": False, "ignore_merges": True, "vocab": v,
        "merges": [a + " " + b for a, b in merges]}
@@ -66,7 +67,9 @@ for c in ["▁", "H", "e", "l", "o", "w", "r", "d", "▁H", "ll", "▁w", "or", 
 sm = [m for m in ["▁ H", "l l", "▁ w", "o r", "▁H e", "ll o", "▁He llo", "▁w or", "▁wor l"]
       if all(p in sv for p in m.split(" ")) and m.replace(" ", "") in sv]
 spm = {"version": "1.0", "truncation": None, "padding": None,
-       "added_tokens": [added(i, c, True) for c, i in [("<unk>", 0), ("<s>", 1), ("</s>", 2)]],
+       "added_tokens": [added(i, c, True) for c, i in [("<unk>", 0), ("<s>", 1), ("</s>", 2)]] +
+                       [added(len(sv), "lo", False, normalized=True),  # pattern "▁lo" after Prepend
+                        added(len(sv) + 1, " world", False, rstrip=True, normalized=True)],
        "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
                                                           {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
        "pre_tokenizer": None, "post_processor": template("<s>", 1),
