@@ -455,6 +455,9 @@ typedef struct {
     tok_buf norm, tmp, clean;
     span *sp, *sp2;
     size_t nsp, nsp2, capsp, capsp2;
+    span *rs;  // split_regex: gap/match ranges of one span
+    bool *rm;  // ... and whether each is a match
+    size_t nr, cr;
     sym *syms;
     size_t capsyms;
     heap_ent *heap;
@@ -707,19 +710,16 @@ static bool sp_push(span **sp, size_t *n, size_t *cap, uint32_t off, uint32_t le
     return true;
 }
 
-// Splits one span of w->norm by regex, appending the pieces to sp2 per HF's split behaviours.
+// Splits one span of w->norm by regex, appending the pieces to sp2 per HF's split behaviours:
+// the span becomes alternating gap/match ranges (is_match flipped by invert), which Isolated
+// keeps as they are and the other behaviours drop or merge.
 static void split_regex(work *w, const tok_pre *p, span in) {
     const char *subj = w->norm.p + in.off;
     size_t n = in.len;
-    // Ranges alternate gap/match; build them on the fly and apply the behaviour.
+    bool direct = p->behavior == TOK_SPLIT_ISOLATED;  // ranges go straight to sp2
     uint32_t prev_end = 0;
     size_t start = 0;
-    bool last_match = false;  // the previous range's is_match (after invert)
-    bool have_prev = false;
-    // For MERGED_NEXT we collect ranges first (needs a reverse pass): reuse a small local array.
-    span *rs = NULL;
-    bool *rm = NULL;
-    size_t nr = 0, cr = 0;
+    w->nr = 0;
     for (;;) {
         int rc = start <= n ? pcre2_match(p->re, (PCRE2_SPTR)subj, n, start, PCRE2_NO_UTF_CHECK, w->md, NULL) : -1;
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
@@ -730,28 +730,26 @@ static void split_regex(work *w, const tok_pre *p, span in) {
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(w->md);
             ms = ov[0], me = ov[1];
         }
-        // Emit the gap [prev_end, ms) then the match [ms, me).
+        // The gap [prev_end, ms), then the match [ms, me).
         for (int part = 0; part < 2; part++) {
             uint32_t a = part == 0 ? prev_end : (uint32_t)ms, b = part == 0 ? (uint32_t)ms : (uint32_t)me;
-            if (part == 0 && a == b) continue;
-            if (part == 1 && !found) continue;
-            bool is_match = (part == 1) != p->invert;
-            if (cr == nr) {
-                size_t c = cr ? cr * 2 : 32;
-                span *x = realloc(rs, c * sizeof *x);
-                if (x) rs = x;
-                bool *y = realloc(rm, c * sizeof *y);
-                if (y) rm = y;
-                if (!x || !y) {
-                    w->oom = true;
-                    free(rs), free(rm);
-                    return;
-                }
-                cr = c;
+            if ((part == 0 && a == b) || (part == 1 && !found)) continue;
+            if (direct) {
+                sp_push(&w->sp2, &w->nsp2, &w->capsp2, in.off + a, b - a, &w->oom);
+                continue;
             }
-            rs[nr] = (span){a, b - a}, rm[nr] = is_match, nr++;
+            if (w->nr == w->cr) {
+                size_t c = w->cr ? w->cr * 2 : 64;
+                span *x = realloc(w->rs, c * sizeof *x);
+                if (x) w->rs = x;
+                bool *y = realloc(w->rm, c * sizeof *y);
+                if (y) w->rm = y;
+                if (!x || !y) return (void)(w->oom = true);
+                w->cr = c;
+            }
+            w->rs[w->nr] = (span){a, b - a}, w->rm[w->nr] = (part == 1) != p->invert, w->nr++;
         }
-        if (!found) break;
+        if (!found || w->oom) break;
         prev_end = (uint32_t)me;
         if (me == ms) {  // empty match: step over one character
             if (me >= n) break;
@@ -762,53 +760,52 @@ static void split_regex(work *w, const tok_pre *p, span in) {
             start = me;
         }
     }
-    (void)last_match, (void)have_prev;
-    // Apply the behaviour over (range, is_match), building (off, len) spans in sp2.
-    span *o = NULL;
-    size_t no = 0, co = 0;
-    bool oom = false;
+    if (direct) return;
+    const span *rs = w->rs;
+    const bool *rm = w->rm;
+    size_t nr = w->nr, first = w->nsp2;
+    span *o;
     bool prevm = false;
+#define LAST (w->sp2[w->nsp2 - 1])
+#define PUSH(r) sp_push(&w->sp2, &w->nsp2, &w->capsp2, in.off + (r).off, (r).len, &w->oom)
     switch (p->behavior) {
-    case TOK_SPLIT_ISOLATED:
-        for (size_t i = 0; i < nr; i++) sp_push(&o, &no, &co, rs[i].off, rs[i].len, &oom);
-        break;
     case TOK_SPLIT_REMOVED:
         for (size_t i = 0; i < nr; i++)
-            if (!rm[i]) sp_push(&o, &no, &co, rs[i].off, rs[i].len, &oom);
+            if (!rm[i]) PUSH(rs[i]);
         break;
     case TOK_SPLIT_MERGED_PREV:
         for (size_t i = 0; i < nr; i++) {
-            if (rm[i] && !prevm && no) o[no - 1].len = rs[i].off + rs[i].len - o[no - 1].off;
-            else sp_push(&o, &no, &co, rs[i].off, rs[i].len, &oom);
+            if (rm[i] && !prevm && w->nsp2 > first) LAST.len = in.off + rs[i].off + rs[i].len - LAST.off;
+            else PUSH(rs[i]);
             prevm = rm[i];
         }
         break;
     case TOK_SPLIT_CONTIGUOUS:
         for (size_t i = 0; i < nr; i++) {
-            if (rm[i] == prevm && no) o[no - 1].len = rs[i].off + rs[i].len - o[no - 1].off;
-            else sp_push(&o, &no, &co, rs[i].off, rs[i].len, &oom);
+            if (rm[i] == prevm && w->nsp2 > first) LAST.len = in.off + rs[i].off + rs[i].len - LAST.off;
+            else PUSH(rs[i]);
             prevm = rm[i];
         }
         break;
-    case TOK_SPLIT_MERGED_NEXT:
+    case TOK_SPLIT_MERGED_NEXT:  // built right to left, then reversed in place
         for (size_t i = nr; i-- > 0;) {
-            if (rm[i] && !prevm && no) {
-                uint32_t end = o[no - 1].off + o[no - 1].len;
-                o[no - 1].off = rs[i].off, o[no - 1].len = end - rs[i].off;
+            if (rm[i] && !prevm && w->nsp2 > first) {
+                uint32_t end = LAST.off + LAST.len;
+                LAST.off = in.off + rs[i].off, LAST.len = end - LAST.off;
             } else {
-                sp_push(&o, &no, &co, rs[i].off, rs[i].len, &oom);
+                PUSH(rs[i]);
             }
             prevm = rm[i];
         }
-        for (size_t i = 0; i < no / 2; i++) {
+        o = w->sp2 + first;
+        for (size_t i = 0, k = w->nsp2 - first; i < k / 2; i++) {
             span x = o[i];
-            o[i] = o[no - 1 - i], o[no - 1 - i] = x;
+            o[i] = o[k - 1 - i], o[k - 1 - i] = x;
         }
         break;
     }
-    for (size_t i = 0; i < no && !oom; i++) sp_push(&w->sp2, &w->nsp2, &w->capsp2, in.off + o[i].off, o[i].len, &oom);
-    if (oom) w->oom = true;
-    free(o), free(rs), free(rm);
+#undef LAST
+#undef PUSH
 }
 
 static bool normalize(const td_tokenizer *t, work *w, const char *s, size_t n) {
@@ -1106,6 +1103,7 @@ td_status td_tokenizer_encode(const td_tokenizer *t, const char *text, size_t le
     if (add_special)
         for (int k = 0; k < t->n_suffix; k++) push_id(&w, t->post_suffix[k]);
     free(w.norm.p), free(w.tmp.p), free(w.clean.p), free(w.sp), free(w.sp2), free(w.syms), free(w.heap);
+    free(w.rs), free(w.rm);
     if (w.oom) return td_err_set(err, TD_ERR_NOMEM, "tokenize: out of memory");
     return TD_OK;
 }
