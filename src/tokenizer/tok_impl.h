@@ -12,7 +12,8 @@
 
 enum { TOK_MODEL_BPE = 0, TOK_MODEL_SPM_SCORE = 1 };  // merges by rank (HF) / by score (llama.cpp)
 enum { TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD, TOK_NORM_PREPEND, TOK_NORM_REPLACE };
-enum { TOK_PRE_SPLIT, TOK_PRE_BYTELEVEL };
+enum { TOK_PRE_SPLIT, TOK_PRE_BYTELEVEL, TOK_PRE_METASPACE };
+enum { TOK_PREPEND_ALWAYS, TOK_PREPEND_FIRST, TOK_PREPEND_NEVER };
 enum { TOK_SPLIT_ISOLATED, TOK_SPLIT_REMOVED, TOK_SPLIT_MERGED_PREV, TOK_SPLIT_MERGED_NEXT,
        TOK_SPLIT_CONTIGUOUS };
 enum { TOK_DEC_NONE, TOK_DEC_BYTELEVEL, TOK_DEC_CHAIN };
@@ -32,6 +33,9 @@ typedef struct {
     int behavior;    // TOK_SPLIT_*
     bool invert;
     bool add_prefix_space;  // BYTELEVEL
+    char rep[8];            // METASPACE: replacement for ' ' (UTF-8, NUL-terminated)
+    int prepend;            // METASPACE: TOK_PREPEND_*
+    bool split;             // METASPACE: split before every replacement char
 } tok_pre;
 
 typedef struct {

@@ -463,6 +463,7 @@ typedef struct {
     heap_ent *heap;
     size_t nheap, capheap;
     pcre2_match_data *md;
+    bool at_input_start;  // w->norm[0] is at offset 0 of the input (Metaspace prepend "first")
     td_tokens *out;
     bool oom;
 } work;
@@ -1012,6 +1013,43 @@ static bool next_added(const td_tokenizer *t, int which, const char *text, size_
     return false;
 }
 
+// HF's Metaspace pre-tokenizer on every current piece: ' ' -> replacement, the replacement
+// prepended (always, or only to the piece at the very start of the input) unless the piece
+// already starts with it, then (split) a new piece at every replacement. Rebuilds the text.
+static void metaspace(const tok_pre *p, work *w) {
+    size_t rl = strlen(p->rep);
+    w->tmp.n = 0;
+    w->nsp2 = 0;
+    for (size_t k = 0; k < w->nsp && !w->oom; k++) {
+        span x = w->sp[k];
+        const char *s = w->norm.p + x.off;
+        size_t at = w->tmp.n;
+        bool starts = (x.len >= rl && !memcmp(s, p->rep, rl)) || (x.len && s[0] == ' ');
+        bool first = w->at_input_start && x.off == 0;
+        if (!starts && (p->prepend == TOK_PREPEND_ALWAYS || (p->prepend == TOK_PREPEND_FIRST && first)))
+            if (!buf_put(&w->tmp, p->rep, rl)) return (void)(w->oom = true);
+        for (size_t i = 0; i < x.len; i++) {
+            bool ok = s[i] == ' ' ? buf_put(&w->tmp, p->rep, rl) : buf_put(&w->tmp, s + i, 1);
+            if (!ok) return (void)(w->oom = true);
+        }
+        // Pieces: cut before every replacement (MergedWithNext on the replacement).
+        size_t piece = at;
+        for (size_t i = at; p->split && i + rl <= w->tmp.n; i++)
+            if (i > piece && !memcmp(w->tmp.p + i, p->rep, rl)) {
+                sp_push(&w->sp2, &w->nsp2, &w->capsp2, (uint32_t)piece, (uint32_t)(i - piece), &w->oom);
+                piece = i;
+            }
+        sp_push(&w->sp2, &w->nsp2, &w->capsp2, (uint32_t)piece, (uint32_t)(w->tmp.n - piece), &w->oom);
+    }
+    tok_buf b = w->norm;
+    w->norm = w->tmp, w->tmp = b;
+    span *y = w->sp;
+    w->sp = w->sp2, w->sp2 = y;
+    size_t c = w->capsp;
+    w->capsp = w->capsp2, w->capsp2 = c;
+    w->nsp = w->nsp2;
+}
+
 // Pre-tokenizes w->norm[0, n) and runs BPE on each piece.
 static void pretokenize_bpe(const td_tokenizer *t, work *w) {
     w->nsp = 0;
@@ -1030,6 +1068,10 @@ static void pretokenize_bpe(const td_tokenizer *t, work *w) {
             }
             tok_buf x = w->norm;
             w->norm = w->tmp, w->tmp = x;
+        }
+        if (p->kind == TOK_PRE_METASPACE) {
+            metaspace(p, w);
+            continue;
         }
         if (!p->re) continue;
         w->md = pcre2_match_data_create_from_pattern(p->re, NULL);
@@ -1063,6 +1105,7 @@ static void encode_segment(const td_tokenizer *t, work *w, const char *s, size_t
         bool found = next_added(t, 1, seg.p, seg.n, done, &pos, &ms, &me, &id);
         size_t gap_end = found ? ms : seg.n;
         if (gap_end > done) {
+            w->at_input_start = w->at_input_start && done == 0;
             w->norm.n = 0;
             if (!buf_put(&w->norm, seg.p + done, gap_end - done)) w->oom = true;
             else pretokenize_bpe(t, w);
@@ -1095,6 +1138,7 @@ td_status td_tokenizer_encode(const td_tokenizer *t, const char *text, size_t le
     while (!w.oom) {
         bool found = next_added(t, 0, text, len, done, &pos, &ms, &me, &id);
         size_t gap_end = found ? ms : len;
+        w.at_input_start = done == 0;
         if (gap_end > done) encode_segment(t, &w, text + done, gap_end - done);
         if (!found) break;
         push_id(&w, id);

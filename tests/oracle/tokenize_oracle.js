@@ -21,7 +21,7 @@ const models = ['llama2', 'llama3', 'qwen3'].map((m) => ({
 // Small hand-made files (tests/tokenizer/make_small_tokenizers.py) for split behaviours, added-token
 // flags, the GPT-2 ByteLevel regex, unk/fuse_unk and the Metaspace decoder.
 for (const f of ['bytelevel', 'gpt2', 'split_Removed', 'split_MergedWithPrevious', 'split_MergedWithNext',
-  'split_Contiguous', 'spm', 'spm_unk_metaspace']) {
+  'split_Contiguous', 'spm', 'spm_unk_metaspace', 'spm_metaspace_first', 'spm_metaspace_always']) {
   models.push({ name: f, file: path.join(root, 'tests', 'fuzz', 'corpus', 'tokenizer_json', `${f}.json`), gguf: false });
 }
 

@@ -93,3 +93,11 @@ with open(D + "bad_types.json", "w") as f:
 with open(D + "tiny_text.json", "wb") as f:
     f.write(b'{"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":[["a","b"]]},'
             b'"added_tokens":[{"id":3,"content":"<x>","lstrip":true}]}\x00ab  <x>ba\xff')
+
+# Metaspace pre-tokenizer variants (newer Llama/Mistral files): no normalizer.
+for name, scheme, split in (("spm_metaspace_first", "first", True), ("spm_metaspace_always", "always", False)):
+    m = json.loads(json.dumps(spm))
+    m["normalizer"] = None
+    m["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": split}
+    m["decoder"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": split}
+    dump(name + ".json", m)
