@@ -117,7 +117,8 @@ td_tokenizer *tok_alloc(void);
 td_status tok_set_n_vocab(td_tokenizer *t, int32_t n, td_err *err);
 // Sets the model-space bytes of id (copied into blob). Fails with NOMEM only.
 td_status tok_set_piece(td_tokenizer *t, int32_t id, const char *s, size_t n, td_err *err);
-// Builds the vocab hash over ids flagged PRESENT and not ADDED-only (include_added=false) or all.
+// Builds the vocab hash over the ids flagged PRESENT but not ADDED (added-only tokens are matched
+// by the trie, never produced by BPE).
 td_status tok_build_vocab_hash(td_tokenizer *t, td_err *err);
 int32_t tok_vocab_get(const td_tokenizer *t, const char *s, size_t n);
 td_status tok_merges_reserve(td_tokenizer *t, size_t n, td_err *err);
