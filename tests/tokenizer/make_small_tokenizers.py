@@ -101,3 +101,33 @@ for name, scheme, split in (("spm_metaspace_first", "first", True), ("spm_metasp
     m["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": split}
     m["decoder"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": split}
     dump(name + ".json", m)
+
+# Small vocab-only GGUF seeds for tests/fuzz/fuzz_tokenizer_gguf.c.
+import os  # noqa: E402
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+from gguf_writer import GGUFWriter, T_ARRAY, T_BOOL, T_FLOAT32, T_INT32, T_STRING, T_UINT32  # noqa: E402
+
+G = "tests/fuzz/corpus/tokenizer_gguf/"
+os.makedirs(G, exist_ok=True)
+toks = sorted(v, key=v.get)
+for pre in ("llama-bpe", "qwen2", "gpt-2"):
+    w = GGUFWriter()
+    w.add("tokenizer.ggml.model", T_STRING, "gpt2")
+    w.add("tokenizer.ggml.pre", T_STRING, pre)
+    w.add("tokenizer.ggml.tokens", T_ARRAY, toks + ["<|im_start|>"], T_STRING)
+    w.add("tokenizer.ggml.token_type", T_ARRAY, [1] * len(toks) + [3], T_INT32)
+    w.add("tokenizer.ggml.merges", T_ARRAY, [a + " " + b for a, b in merges], T_STRING)
+    w.add("tokenizer.ggml.bos_token_id", T_UINT32, len(toks))
+    w.add("tokenizer.ggml.add_bos_token", T_BOOL, True)
+    w.write(G + f"gpt2_{pre}.gguf")
+stoks = sorted(sv, key=sv.get)
+w = GGUFWriter()
+w.add("tokenizer.ggml.model", T_STRING, "llama")
+w.add("tokenizer.ggml.tokens", T_ARRAY, stoks, T_STRING)
+w.add("tokenizer.ggml.scores", T_ARRAY, [-float(i) for i in range(len(stoks))], T_FLOAT32)
+w.add("tokenizer.ggml.token_type", T_ARRAY, [2, 3, 3] + [6] * 256 + [1] * (len(stoks) - 259), T_INT32)
+w.add("tokenizer.ggml.bos_token_id", T_UINT32, 1)
+w.add("tokenizer.ggml.eos_token_id", T_UINT32, 2)
+w.write(G + "llama_spm.gguf")
