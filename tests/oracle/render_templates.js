@@ -334,6 +334,46 @@ for (const [tname, template] of Object.entries(HANDWRITTEN)) {
 }
 for (const [tname, template] of Object.entries(FEATURES)) run(`feature/${tname}`, template, FEATURE_CTX);
 
+// one-line snippets, each rendered on its own so that one error does not hide the others
+const SNIPPETS = [
+  S`{% macro m(x) %}{% if x > 2 %}{% break %}{% endif %}[{{ x }}]{% endmacro %}{% for i in range(5) %}{{ m(i) }}{% endfor %}`,
+  S`{% for i in range(3) %}{% for j in range(3) %}{% if j == 1 %}{% break %}{% endif %}{{ i }}{{ j }}{% endfor %}{% endfor %}`,
+  S`{% for i in range(3) %}{% set x = i %}{% endfor %}{{ x }}|{% set y = 5 %}{% for i in range(3) %}{% set y = i %}{% endfor %}{{ y }}`,
+  S`{% set ns = namespace(a=[]) %}{% set ns.a = ns.a + [1] %}{% set ns.a = ns.a + ['b'] %}{{ ns.a }}`,
+  S`{{ [1, 2, 3] | join(', ') }}|{{ [[1, 2], [3]] | join(';') }}|{{ [{'a': 1}] | join }}`,
+  S`{{ {'a': 1} ~ '' }}|{{ [1, [2, 'x']] ~ '' }}|{{ 1.0 ~ 2.50 }}`,
+  S`{{ [1, 2] == [1, 2] }}{{ 'a' == ['a'] }}{{ '1,2' == [1, 2] }}{{ 1 == '1.0' }}{{ '' == 0 }}{{ ' ' == 0 }}{{ true == '1' }}`,
+  S`{{ 'a b'.split(none, 0) }}{{ 'a,b,c'.split(',', 0) }}{{ 'a,b,c'.split(',', 1) }}{{ 'a,b,c'.split(',', -2) }}`,
+  S`{{ range(0) }}{{ range(-3) }}{{ range(1, 2, 1) }}{{ range(3, 0, -1) }}{{ range(0.5, 3) }}`,
+  S`{% filter upper %}{% for x in [1,2] %}a{{ x }}{% endfor %}{% endfilter %}{% filter replace('a', 'b') %}aaa{% endfilter %}`,
+  S`{% macro row(a, b=2, c=a) %}{{ a }}{{ b }}{{ c }}{% endmacro %}{{ row(1) }}{{ row(1, 3) }}{{ row(1, c=9) }}`,
+  S`{% macro t() %}{{ caller(1, 2) }}{% endmacro %}{% call(x, y) t() %}{{ x + y }}{% endcall %}`,
+  S`{% set d = {'b': 1, 'a': 2, 'C': 0} %}{{ d | dictsort }}{{ d | dictsort(true) }}{{ d | dictsort(by='value') }}{{ d | dictsort(reverse=true) }}`,
+  S`{{ ['b', 'B', 'a', 'A'] | sort }}{{ ['b', 'B', 'a', 'A'] | sort(case_sensitive=true) }}{{ [3, 1.5, true, 0] | sort }}`,
+  S`{{ 5 | string ~ 5.0 | string ~ -0.0 | string }} {{ -0.0 | tojson }} {{ (10 ** 21) | tojson }} {{ (1 / 0) | tojson }}`,
+  S`{{ 0 % 0 }} {{ 5 // 0 }} {{ -5 // 0 }} {{ 5 % 0 }} {{ 0.0 / 0 }} {{ 2 ** 0.5 * 0 }} {{ 7 ** 3 }} {{ (-2) ** 3 }} {{ 9 ** 0.5 }}`,
+  S`{{ x_undef | default('a') }}{{ none | default('b') }}{{ none | default('c', true) }}{{ [] | default('d', true) }}`,
+  S`{{ 'abc' | indent(first=true) }}|{{ 'a\nb\n\nc' | indent(2, true, true) }}`,
+  S`{%- for m in messages -%}
+  {{ m.role }}
+{%- endfor -%}`,
+  S`x   {%- set a = 1 -%}   y`,
+  S`{{ "\u00e9\ud83d\ude00\x41" }}`,
+  S`{{ 'straße ﬁ ŉ ǰ ᾳ' | upper }}|{{ 'İ ΣΑΣ ΟΔΟΣ. Σ' | lower }}|{{ 'ǅ' is upper }}{{ 'ﬁ' is upper }}`,
+  S`{{ '42' | int }} {{ ' 42 ' | float }} {{ '4.7' | int }} {{ '-3x' | int }} {{ '0x1A' | int }} {{ '1e3' | float }} {{ '.5' | float }} {{ '5.' | float }} {{ '-.5e-3x' | float }} {{ 'Infinity' | float }} {{ '' | float(2.5) }}`,
+  S`{{ '1e3' == 1000 }}{{ '0x10' == 16 }}{{ ' 12 ' == 12 }}{{ 'Infinity' == 1 / 0 }}`,
+  S`{{ messages | selectattr('role', 'equalto', 'user') | list | length }}{{ messages | rejectattr('role', 'eq', 'user') | map(attribute='role') | join }}`,
+  S`{{ users | map(attribute='name') | map(attribute='x') | list }}`,
+  S`{% for k, v in {'a': 1, 'b': [2]}.items() %}{{ k }}{{ v }}{{ loop.last }}{% endfor %}`,
+  S`{{ messages[0].content.title() }}|{{ 'ab-cd ef_gh 1a'.title() }}|{{ 'éa'.title() }}|{{ 'ß'.capitalize() }}`,
+  S`{{ 'a😀b'.split('😀') }}{{ 'a😀b' | join('.') }}{{ 'a😀b' | length }}{{ 'a😀b'.length }}{{ 'a😀b'[1:2] }}`,
+  S`{{ 'x'.replace('', '-') }}{{ ''.replace('', '-') }}{{ 'aaaa'.replace('aa', 'b') }}{{ 'a.b.c'.replace('.', '$&') }}`,
+  S`{% set a = [1, 2, 3] %}{{ a[1:] + a[:1] }}{{ a | length > 2 and a[0] == 1 }}{{ 2 in a and 5 not in a }}`,
+  S`{{ {'k': 'v'}.k }}{{ {'items': 1}.items }}{{ {'a': 1}.get('a', 2) }}{{ namespace(x=1).x }}`,
+  S`{% if messages[0]['role'] == 'system' %}{% set system_message = messages[0]['content'] %}{% set loop_messages = messages[1:] %}{% else %}{% set system_message = none %}{% set loop_messages = messages %}{% endif %}{{ system_message }}|{{ loop_messages | length }}`,
+];
+SNIPPETS.forEach((t, i) => run(`snippet/${String(i).padStart(2, '0')}`, t, FEATURE_CTX));
+
 // templates whose render the oracle rejects (tandem must reject them too)
 const ERRORS = {
   'unknown-filter': S`{{ 'x' | no_such_filter }}`,
