@@ -20,9 +20,9 @@ void *td_jinja_alloc(td_jinja_arena *a, size_t n) {
     n = (n + 15) & ~(size_t)15;
     td_jinja_chunk *c = a->head;
     if (!c || c->cap - c->used < n) {
-        size_t cap = n > (64u << 10) ? n : (64u << 10);
-        if (c && cap < c->cap * 2 && c->cap < (8u << 20)) cap = c->cap * 2;
-        if (cap < n) cap = n;
+        // fixed 64 KiB chunks stay below malloc's mmap threshold (no page faults per render);
+        // bigger requests get a chunk of their own size
+        size_t cap = n > (64u << 10) - sizeof(td_jinja_chunk) ? n : (64u << 10) - sizeof(td_jinja_chunk);
         if (a->budget && a->total + cap + sizeof(td_jinja_chunk) > a->budget) {
             a->failed = 2;
             return NULL;
