@@ -132,19 +132,57 @@ static td_jinja_map *map_new(rctx *r) {
     if (m) memset(m, 0, sizeof *m);
     return m;
 }
+// Work done by linear scans (array membership, substring search, unique) since the last step();
+// charged against max_steps so that a loop of scans cannot run unbounded. One render runs on one
+// thread, hence thread-local.
+static _Thread_local size_t scan_work;
+
+#define MAP_HASH_MIN 16  // below this many keys a linear scan is cheaper than hashing
+
+static uint64_t key_hash(const char *k, size_t kl) {  // FNV-1a
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < kl; i++) h = (h ^ (unsigned char)k[i]) * 1099511628211ull;
+    return h;
+}
+
 static val *map_get(const td_jinja_map *m, const char *k, size_t kl) {
+    if (m->hidx) {
+        size_t mask = m->hcap - 1, i = (size_t)key_hash(k, kl) & mask;
+        for (;; i = (i + 1) & mask) {
+            uint32_t e = m->hidx[i];
+            if (!e) return NULL;
+            if (m->klen[e - 1] == kl && memcmp(m->k[e - 1], k, kl) == 0) return &m->v[e - 1];
+        }
+    }
+    scan_work += m->n;
     for (size_t i = 0; i < m->n; i++)
         if (m->klen[i] == kl && memcmp(m->k[i], k, kl) == 0) return &m->v[i];
     return NULL;
 }
-static int map_set(rctx *r, td_jinja_map *m, const char *k, size_t kl, val v) {
-    val *e = map_get(m, k, kl);
-    if (e) {
-        *e = v;
-        return 1;
-    }
+
+static void hidx_insert(td_jinja_map *m, size_t entry) {
+    size_t mask = m->hcap - 1, i = (size_t)key_hash(m->k[entry], m->klen[entry]) & mask;
+    while (m->hidx[i]) i = (i + 1) & mask;
+    m->hidx[i] = (uint32_t)entry + 1;
+}
+
+static int hidx_rebuild(rctx *r, td_jinja_map *m) {
+    size_t hc = 64;
+    while (hc < m->cap * 2) hc *= 2;
+    uint32_t *h = ralloc(r, hc * sizeof(uint32_t));
+    if (!h) return 0;
+    memset(h, 0, hc * sizeof(uint32_t));
+    m->hidx = h;
+    m->hcap = hc;
+    for (size_t i = 0; i < m->n; i++) hidx_insert(m, i);
+    return 1;
+}
+
+// appends without looking for an existing key (callers know it is new)
+static int map_append(rctx *r, td_jinja_map *m, const char *k, size_t kl, val v) {
     if (m->n == m->cap) {
         size_t nc = m->cap ? m->cap * 2 : 8;
+        if (nc > UINT32_MAX - 1) return rerr(r, NULL, TD_ERR_LIMIT, "too many keys"), 0;
         const char **nk = ralloc(r, nc * sizeof(char *));
         size_t *nl = ralloc(r, nc * sizeof(size_t));
         val *nv = ralloc(r, nc * sizeof(val));
@@ -155,11 +193,23 @@ static int map_set(rctx *r, td_jinja_map *m, const char *k, size_t kl, val v) {
             memcpy(nv, m->v, m->n * sizeof(val));
         }
         m->k = nk, m->klen = nl, m->v = nv, m->cap = nc;
+        m->hidx = NULL;
     }
     m->k[m->n] = k;
     m->klen[m->n] = kl;
     m->v[m->n++] = v;
+    if (m->hidx) hidx_insert(m, m->n - 1);
+    else if (m->n >= MAP_HASH_MIN && !hidx_rebuild(r, m)) return 0;
     return 1;
+}
+
+static int map_set(rctx *r, td_jinja_map *m, const char *k, size_t kl, val v) {
+    val *e = map_get(m, k, kl);
+    if (e) {
+        *e = v;
+        return 1;
+    }
+    return map_append(r, m, k, kl, v);
 }
 static void map_del(td_jinja_map *m, const char *k, size_t kl) {
     for (size_t i = 0; i < m->n; i++)
@@ -168,6 +218,10 @@ static void map_del(td_jinja_map *m, const char *k, size_t kl) {
             memmove(&m->klen[i], &m->klen[i + 1], (m->n - i - 1) * sizeof(size_t));
             memmove(&m->v[i], &m->v[i + 1], (m->n - i - 1) * sizeof(val));
             m->n--;
+            if (m->hidx) {  // entries moved: rebuild the index in place
+                memset(m->hidx, 0, m->hcap * sizeof(uint32_t));
+                for (size_t j = 0; j < m->n; j++) hidx_insert(m, j);
+            }
             return;
         }
 }
@@ -201,12 +255,17 @@ static env *env_new(rctx *r, env *parent) {
     }
     return e;
 }
+static int env_append(rctx *r, env *e, const char *k, size_t kl, val v);
 static int env_set(rctx *r, env *e, const char *k, size_t kl, val v) {
+    scan_work += e->n;
     for (size_t i = 0; i < e->n; i++)
         if (e->kl[i] == kl && memcmp(e->k[i], k, kl) == 0) {
             e->v[i] = v;
             return 1;
         }
+    return env_append(r, e, k, kl, v);
+}
+static int env_append(rctx *r, env *e, const char *k, size_t kl, val v) {
     if (e->n == e->cap) {
         size_t nc = e->cap ? e->cap * 2 : 4;
         const char **nk = ralloc(r, nc * sizeof(char *));
@@ -226,7 +285,7 @@ static int env_set(rctx *r, env *e, const char *k, size_t kl, val v) {
     return 1;
 }
 static val env_get(const env *e, const char *k, size_t kl) {
-    for (; e; e = e->parent)
+    for (; e; e = e->parent, scan_work += e ? e->n : 0)
         for (size_t i = 0; i < e->n; i++)
             if (e->kl[i] == kl && memcmp(e->k[i], k, kl) == 0) return e->v[i];
     return v_undef();
@@ -541,7 +600,9 @@ static int exec_block(rctx *r, node *const *list, size_t n, env *e);
 static int call_fn(rctx *r, const node *at, const val *fn, val *args, size_t nargs, env *e, val *out);
 
 static int step(rctx *r, const node *x) {
-    if (++r->steps > r->lim.max_steps)
+    r->steps += 1 + scan_work / 16;
+    scan_work = 0;
+    if (r->steps > r->lim.max_steps)
         return rerr(r, x, TD_ERR_LIMIT, "template ran more than %zu steps", r->lim.max_steps);
     return R_OK;
 }
@@ -844,6 +905,7 @@ static int sort_values(rctx *r, const node *at, sort_ent *v, size_t n, int case_
             while (j < hi) tmp[k++] = v[j++];
         }
         memcpy(v, tmp, n * sizeof(sort_ent));
+        scan_work += n * 16;
         if (step(r, at)) return R_ERR;
     }
     return R_OK;
@@ -924,6 +986,7 @@ static int str_trim(rctx *r, const val *s, int left, int right, val *out) {
 static const char *memmem_(const char *h, size_t hn, const char *nd, size_t nn) {
     if (nn == 0) return h;
     if (nn > hn) return NULL;
+    scan_work += hn;
     for (size_t i = 0; i + nn <= hn; i++)
         if (h[i] == nd[0] && memcmp(h + i, nd, nn) == 0) return h + i;
     return NULL;
@@ -1366,6 +1429,7 @@ static int apply_filter(rctx *r, const val *operand, const node *fnode, env *e, 
                     c->n = 0;
                     for (size_t i = 0; i < a->n; i++) {
                         int seen = 0;
+                        scan_work += c->n;
                         for (size_t j = 0; j < c->n && !seen; j++) {
                             seen = strict_eq(&c->v[j], &a->v[i]) ||
                                    (is_num(&c->v[j]) && is_num(&a->v[i]) && isnan(c->v[j].u.n) && isnan(a->v[i].u.n));
@@ -1769,6 +1833,7 @@ static int eval_binary(rctx *r, const node *x, env *e, val *out) {
     } else if (R.t == JV_ARRAY) {
         if (op == JOP_IN || op == JOP_NOTIN) {
             int found = 0;
+            scan_work += R.u.a->n;
             for (size_t i = 0; i < R.u.a->n && !found; i++) found = strict_eq(&R.u.a->v[i], &L);
             *out = v_bool(op == JOP_IN ? found : !found);
             return R_OK;
@@ -2180,6 +2245,7 @@ td_status td_chat_template_render_limits(const td_chat_template *t, const cJSON 
     if (!t) return td_err_set(err, TD_ERR_INVALID, "chat template: NULL template");
     if (ctx && !cJSON_IsObject(ctx)) return td_err_set(err, TD_ERR_INVALID, "chat template: context must be a JSON object");
     rctx r = {0};
+    scan_work = 0;
     r.t = t;
     r.lim = limits ? *limits : td_chat_template_default_limits();
     if (r.lim.max_depth < 1) r.lim.max_depth = 1;
@@ -2212,7 +2278,7 @@ td_status td_chat_template_render_limits(const td_chat_template *t, const cJSON 
                     st = rerr(&r, NULL, TD_ERR_INVALID, "Variable already declared: %s", GLOBALS[g].name);
                     break;
                 }
-            if (!st && !env_set(&r, root, cv.u.o->k[i], cv.u.o->klen[i], cv.u.o->v[i])) st = R_ERR;
+            if (!st && !env_append(&r, root, cv.u.o->k[i], cv.u.o->klen[i], cv.u.o->v[i])) st = R_ERR;
         }
     }
     if (!st) st = emit(&r, "", 0);

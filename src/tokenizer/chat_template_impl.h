@@ -103,6 +103,8 @@ struct td_jinja_map {  // insertion-ordered, like a JS Map
     size_t *klen;
     td_jinja_val *v;
     size_t n, cap;
+    uint32_t *hidx;  // open-addressing index (entry + 1, 0 = empty) once n grows past a few keys
+    size_t hcap;     // slots, a power of two >= 2 * cap
 };
 
 // JS whitespace (String.prototype.trim, /\s/): returns the byte length of the whitespace code point

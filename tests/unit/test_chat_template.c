@@ -175,6 +175,34 @@ static void test_limits(void) {
     CHECK(st == TD_ERR_LIMIT && !out, "doubling string: %s %s", td_status_name(st), err.msg);
     td_chat_template_free(t);
 
+    // big objects are hashed: a loop of lookups over 100k keys stays linear
+    {
+        cJSON *ctx = cJSON_CreateObject(), *d = cJSON_AddObjectToObject(ctx, "d");
+        char key[32];
+        for (int i = 0; i < 100000; i++) {
+            snprintf(key, sizeof key, "k%d", i);
+            cJSON_AddNumberToObject(d, key, i % 10);
+        }
+        const char *sum = "{% set ns = namespace(s=0) %}{% for k in d %}{% set ns.s = ns.s + d[k] %}{% endfor %}{{ ns.s }}";
+        t = NULL;
+        CHECK(td_chat_template_compile(sum, strlen(sum), &t, &err) == TD_OK, "%s", err.msg);
+        st = td_chat_template_render(t, ctx, &out, NULL, &err);
+        CHECK(st == TD_OK && out && !strcmp(out, "450000"), "sum over 100k keys: %s %s", out ? out : "", err.msg);
+        free(out);
+        td_chat_template_free(t);
+        // a loop of linear scans is charged to the step budget instead of running for hours
+        const char *scan = "{% set big = range(1000000) %}{% for i in range(1000000) %}{% if -1 in big %}{% endif %}{% endfor %}";
+        t = NULL;
+        CHECK(td_chat_template_compile(scan, strlen(scan), &t, &err) == TD_OK, "%s", err.msg);
+        out = NULL;
+        lim = td_chat_template_default_limits();
+        lim.max_steps = 5000000;
+        st = td_chat_template_render_limits(t, ctx, &lim, &out, NULL, &err);
+        CHECK(st == TD_ERR_LIMIT && !out, "quadratic scan: %s %s", td_status_name(st), err.msg);
+        td_chat_template_free(t);
+        cJSON_Delete(ctx);
+    }
+
     // unbounded macro recursion
     expect_err("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, TD_ERR_LIMIT, "");
     expect_err("{% for i in range(100000000) %}{% endfor %}", NULL, TD_ERR_LIMIT, "range");
