@@ -1,1 +1,51 @@
-int main(void){return 0;}
+// `tandem <command> ...`: dispatches to the subcommands in src/cli/.
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/cmd_bench_serve.h"
+
+#define TANDEM_VERSION "0.1.0"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "tandem %s: train, serve and post-train Llama-family models\n"
+            "\n"
+            "usage: tandem <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  run MODEL        generate text from a prompt (MODEL: model directory or .gguf)\n"
+            "  tokenize PATH    print the token ids of a text\n"
+            "  detokenize PATH  print the text of token ids\n"
+            "  bench serve      load-test an OpenAI-compatible server (docs/bench-serve.md)\n"
+            "\n"
+            "`tandem <command> --help` describes a command's options.\n",
+            TANDEM_VERSION);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "run")) return td_cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return td_cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "detokenize")) return td_cmd_detokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) {
+        if (argc > 2 && !strcmp(argv[2], "serve")) return td_cmd_bench_serve(argc - 2, argv + 2);
+        fprintf(stderr, "tandem bench: expected a benchmark name: serve\n");
+        return 2;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        printf("tandem %s\n", TANDEM_VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "tandem: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}

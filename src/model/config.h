@@ -3,6 +3,7 @@
 #define TD_MODEL_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include "base/status.h"
 
@@ -61,6 +62,18 @@ void td_model_config_init(td_model_config *c);
 // Parses a Hugging Face config.json text. `what` names the source in error messages.
 td_status td_config_from_hf_json(td_model_config *c, const char *json, size_t len, const char *what,
                                  td_err *err);
+
+// Merges a generation_config.json text into c (additive): bos_token_id, eos_token_id (int or list,
+// appended to the eos list without duplicates), temperature, top_p, top_k, min_p. Absent fields
+// leave c unchanged.
+td_status td_config_merge_generation_json(td_model_config *c, const char *json, size_t len, const char *what,
+                                          td_err *err);
+
+// Fills c from GGUF metadata (general.architecture llama/qwen2/qwen3 and its `{arch}.*` keys,
+// tokenizer.ggml.* special ids) and tensor presence (attn_q.bias -> qkv_bias, attn_q_norm ->
+// qk_norm, no output.weight -> tied). Does not validate: call td_config_validate.
+struct td_gguf;
+td_status td_config_from_gguf(td_model_config *c, const struct td_gguf *g, td_err *err);
 
 // Checks that the numbers are consistent (positive sizes, heads divide, etc.).
 td_status td_config_validate(const td_model_config *c, const char *what, td_err *err);

@@ -54,7 +54,9 @@ td_status td_gguf_get_f32(const td_gguf *g, const char *key, float *out, td_err 
 td_status td_gguf_get_bool(const td_gguf *g, const char *key, bool *out, td_err *err);
 td_status td_gguf_get_str(const td_gguf *g, const char *key, td_gguf_str *out, td_err *err);
 
-// Arrays (kv type TD_GGUF_ARRAY): element type, length, element access.
+// Arrays (kv type TD_GGUF_ARRAY): element type, length, element access. Arrays of arrays are
+// validated at open but not indexed: their element type reads TD_GGUF_ARRAY and the element
+// getters return empty/zero values.
 td_gguf_type td_gguf_arr_type(const td_gguf *g, int64_t i);
 uint64_t td_gguf_arr_len(const td_gguf *g, int64_t i);
 // Raw little-endian elements of a numeric array (NULL for string arrays).
@@ -69,6 +71,8 @@ int64_t td_gguf_arr_i64(const td_gguf *g, int64_t i, uint64_t j);
 int64_t td_gguf_n_tensors(const td_gguf *g);
 td_gguf_str td_gguf_tensor_name(const td_gguf *g, int64_t i);
 uint32_t td_gguf_tensor_ggml_type(const td_gguf *g, int64_t i);
+// Tensor infos of a type this reader cannot size (removed or unknown numbers) are accepted at open
+// (metadata stays readable); requesting such a tensor fails as below.
 // Looks a tensor up by name and fills a view with its shape outermost-first (GGUF's ne reversed).
 // TD_ERR_NOT_FOUND if absent; TD_ERR_UNSUPPORTED naming the ggml type if it is not one of
 // F32, F16, BF16, Q8_0, Q4_0.

@@ -61,17 +61,47 @@ static inline uint16_t td_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+// IEEE half <-> float in portable C (clang 14 has no _Float16 on x86); exact, with
+// round-to-nearest-even on the way down. Fast kernels use F16C/AVX-512 instead.
 static inline float td_f16_to_f32(uint16_t h) {
-    _Float16 v;
-    memcpy(&v, &h, 2);
-    return (float)v;
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0x1f) {
+        u = sign | 0x7f800000u | (man << 13);  // inf / nan
+    } else if (exp) {
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) {  // subnormal: normalise
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while (!(man & 0x400));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    } else {
+        u = sign;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
 static inline uint16_t td_f32_to_f16(float f) {
-    _Float16 v = (_Float16)f;
-    uint16_t h;
-    memcpy(&h, &v, 2);
-    return h;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00);  // nan
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);  // rounds to >= 65520: inf
+    if (a < 0x38800000u) {  // below the smallest normal half: subnormal or zero
+        if (a < 0x33000000u) return (uint16_t)sign;  // < 2^-25 rounds to zero
+        uint32_t man = (a & 0x7fffff) | 0x800000, shift = 126 - (a >> 23);  // 14..24
+        uint32_t r = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = a - 0x38000000u;  // rebias exponent 127 -> 15 (in the top bits after >> 13)
+    uint32_t rem = r & 0x1fff;
+    r >>= 13;
+    if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
+    return (uint16_t)(sign | r);
 }
 
 #endif

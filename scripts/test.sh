@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: setup, build, oracles, unit + integration tests, the same
+# tests under ASan+UBSan, and every fuzz target for a bounded time.
+#   FUZZ_SECONDS (default 30) per fuzz target; SKIP_ASAN=1 / SKIP_FUZZ=1 for quick local runs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh --test || exit 1
+
+PY=/usr/bin/python3
+JOBS=${JOBS:-2}
+export TANDEM_TEST_DATA=${TANDEM_TEST_DATA:-$PWD/.cache}
+mkdir -p "$TANDEM_TEST_DATA"
+failed=0 passed=0
+step() {  # step NAME CMD...: runs a stage, counts it
+  local name=$1; shift
+  echo "=== $name"
+  if "$@"; then passed=$((passed + 1)); else echo "*** FAILED: $name"; failed=$((failed + 1)); fi
+}
+
+build() {  # build DIR [cmake args...]
+  local dir=$1; shift
+  cmake -S . -B "$dir" "$@" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; return 1; }
+  grep 'tandem:' "$dir.configure.log" | sed 's/^-- //'
+  make -C "$dir" -j"$JOBS" 2>&1 | grep -E 'warning|error' ; test "${PIPESTATUS[0]}" = 0
+}
+
+oracles() {
+  for gen in tests/oracle/gen/*.sh; do
+    [ -e "$gen" ] || continue
+    bash "$gen" || { echo "oracle generator failed: $gen"; return 1; }
+  done
+}
+
+step "build (release)" build build -DCMAKE_BUILD_TYPE=Release
+step "oracles (PyTorch, Hugging Face tokenizers, Jinja)" oracles
+step "tests (release)" ctest --test-dir build --output-on-failure -j"$JOBS"
+
+if [ "${SKIP_ASAN:-0}" != 1 ]; then
+  step "build (ASan+UBSan)" build build-asan -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=ON
+  step "tests (ASan+UBSan)" env ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j"$JOBS" -L unit
+fi
+
+if [ "${SKIP_FUZZ:-0}" != 1 ]; then
+  fuzz() {
+    CC=clang CXX=clang++ build build-fuzz -DCMAKE_BUILD_TYPE=Debug -DTANDEM_FUZZ=ON || return 1
+    local rc=0
+    for f in build-fuzz/fuzz_*; do
+      [ -x "$f" ] || continue
+      local name; name=$(basename "$f"); local corpus=tests/fuzz/corpus/${name#fuzz_}
+      local work=build-fuzz/corpus-${name#fuzz_}; mkdir -p "$work"
+      echo "--- $name (${FUZZ_SECONDS:-30} s, seeds: $corpus)"
+      "$f" -max_total_time="${FUZZ_SECONDS:-30}" -rss_limit_mb=2048 -max_len=65536 \
+        -artifact_prefix=build-fuzz/"$name"- "$work" "$corpus" >"build-fuzz/$name.log" 2>&1 \
+        || { tail -n 40 "build-fuzz/$name.log"; rc=1; }
+      grep -E '^(#[0-9]+\s+DONE|Done)' "build-fuzz/$name.log" | tail -n 1
+    done
+    return $rc
+  }
+  step "fuzz" fuzz
+fi
+
+echo
+echo "test stages: $passed passed, $failed failed"
+[ $failed = 0 ]

@@ -1,0 +1,62 @@
+// The device interface: a table of function pointers plus a context that runs the kernels a
+// Llama-family forward needs. The forward calls math only through a td_backend, so a new
+// accelerator is a new table (cpu.c is the reference every other backend is tested against).
+// Not here yet: device memory allocation and copies (the CPU backend works on host pointers).
+#ifndef TD_BACKEND_BACKEND_H
+#define TD_BACKEND_BACKEND_H
+
+#include "base/status.h"
+#include "kernels/kernels.h"
+
+// Slots take the kernel argument structs of kernels/kernels.h (shapes are documented there). Every
+// slot runs synchronously: when it returns, the outputs are written. Arguments were checked by the
+// wrappers below (broken invariants assert: they are programming errors, not input errors).
+typedef struct td_backend_iface {
+    const char *name;
+    void (*free)(void *ctx);                                      // optional
+    void (*matmul)(void *ctx, const td_matmul_args *a);           // y = x W^T (+ bias)
+    void (*rmsnorm)(void *ctx, const td_rmsnorm_args *a);         // row-wise RMSNorm
+    void (*rope)(void *ctx, const td_rope_args *a);               // in-place rotary embedding
+    void (*kv_write)(void *ctx, const td_kv_write_args *a);       // store K/V rows in the cache
+    void (*attention)(void *ctx, const td_attention_args *a);     // causal GQA over the cache
+    void (*silu_mul)(void *ctx, const td_silu_mul_args *a);       // SwiGLU
+    void (*embed)(void *ctx, const td_embed_args *a);             // embedding rows to f32
+    void (*add)(void *ctx, const td_add_args *a);                 // residual add
+} td_backend_iface;
+
+typedef struct td_backend {
+    const td_backend_iface *iface;
+    void *ctx;  // owned by the backend; released by td_backend_free
+} td_backend;
+
+typedef struct td_backend_cpu_params {
+    int n_threads;        // <= 0: all online CPUs
+    const char *kernels;  // kernel set name ("ref"), or NULL for $TANDEM_KERNELS / the best
+} td_backend_cpu_params;
+
+td_backend_cpu_params td_backend_cpu_default_params(void);
+
+// Creates the CPU backend: a persistent thread pool and a kernel table. On success *out is owned
+// by the caller (td_backend_free); on failure *out is NULL.
+td_status td_backend_cpu_create(const td_backend_cpu_params *p, td_backend **out, td_err *err);
+void td_backend_free(td_backend *be);  // NULL is fine
+const char *td_backend_name(const td_backend *be);
+
+// Thin wrappers: check shapes against each other, then call the slot.
+void td_backend_matmul(td_backend *be, const td_tensor *w, const float *bias, const float *x,
+                       float *y, int n_tok);
+void td_backend_rmsnorm(td_backend *be, const float *x, const float *w, float *y, int n_rows,
+                        int n, float eps);
+void td_backend_rope(td_backend *be, float *x, const int32_t *pos, const double *inv_freq,
+                     int n_tok, int n_heads, int head_dim, int neox);
+void td_backend_kv_write(td_backend *be, const td_kv_layer *kv, const float *k, const float *v,
+                         const int32_t *seq_id, const int32_t *pos, int n_tok);
+void td_backend_attention(td_backend *be, const float *q, const td_kv_layer *kv,
+                          const int32_t *seq_id, const int32_t *pos, float *out, int n_tok,
+                          int n_heads, int n_kv_heads, int head_dim, float scale);
+void td_backend_silu_mul(td_backend *be, float *gate, const float *up, int64_t n);
+void td_backend_embed(td_backend *be, const td_tensor *table, const int32_t *tokens, float *y,
+                      int n_tok);
+void td_backend_add(td_backend *be, float *y, const float *x, int64_t n);
+
+#endif

@@ -1,0 +1,17 @@
+// Subcommands of the `tandem` executable. Each takes argv with argv[0] = the subcommand's name and
+// returns the process exit status (0 ok, 1 runtime error, 2 usage error).
+#ifndef TD_CLI_CLI_H
+#define TD_CLI_CLI_H
+
+int td_cmd_run(int argc, char **argv);
+int td_cmd_tokenize(int argc, char **argv);
+int td_cmd_detokenize(int argc, char **argv);
+
+// Small argument helpers shared by the subcommands (cli_args.c). Each parses the value of flag
+// `name` strictly (the whole string must be a number in range) and prints a usage error if not.
+int td_arg_int(const char *name, const char *v, long lo, long hi, long *out);
+int td_arg_float(const char *name, const char *v, double lo, double hi, double *out);
+// Parses "1,2,3" (commas and/or spaces) into a malloc'd array; returns count or -1 on error.
+long td_arg_ids(const char *v, int **out);
+
+#endif

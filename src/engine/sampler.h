@@ -1,0 +1,66 @@
+// Token sampling: the OpenAI/vLLM sampling surface over one row of logits, plus log-probabilities.
+// Processing order (as vLLM): logit_bias, repetition/presence/frequency penalties, temperature,
+// then top-k, top-p, min-p filters, then a draw from the request's own RNG. temperature == 0 is
+// greedy (argmax after bias and penalties). A td_sampler owns scratch for one vocabulary, sized at
+// creation, so sampling allocates nothing per token; one sampler per thread.
+#ifndef TD_ENGINE_SAMPLER_H
+#define TD_ENGINE_SAMPLER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "base/status.h"
+
+// xoshiro256** seeded by splitmix64: reproducible for a seed on every platform.
+typedef struct td_rng {
+    uint64_t s[4];
+} td_rng;
+void td_rng_seed(td_rng *r, uint64_t seed);
+uint64_t td_rng_next(td_rng *r);
+double td_rng_uniform(td_rng *r);  // [0, 1), 53 bits
+
+typedef struct td_logit_bias {
+    int32_t token;
+    float bias;  // added to the logit; OpenAI clamps to [-100, 100]
+} td_logit_bias;
+
+typedef struct td_sampling_params {
+    float temperature;         // 0 = greedy
+    int top_k;                 // <= 0: off
+    float top_p;               // (0, 1]; 1: off
+    float min_p;               // [0, 1]; 0: off
+    float repetition_penalty;  // > 0; 1: off. Divides positive / multiplies negative logits of
+                               // tokens seen in prompt or output.
+    float presence_penalty;    // [-2, 2]; subtracted once for each token present in the output
+    float frequency_penalty;   // [-2, 2]; subtracted per occurrence in the output
+    const td_logit_bias *logit_bias;  // not owned
+    int n_logit_bias;
+} td_sampling_params;
+
+td_sampling_params td_sampling_default_params(void);
+// Range checks with a message naming the field (for request validation).
+td_status td_sampling_params_check(const td_sampling_params *p, int vocab_size, td_err *err);
+
+typedef struct td_sampler td_sampler;
+
+td_sampler *td_sampler_create(int vocab_size);
+void td_sampler_free(td_sampler *s);
+
+// Picks the next token. logits [vocab] is modified in place (bias, penalties, temperature).
+// prompt/output are the sequence's tokens so far (for penalties); either may be NULL when n is 0.
+int32_t td_sampler_sample(td_sampler *s, const td_sampling_params *p, float *logits,
+                          const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
+                          td_rng *rng);
+
+// The filtered, renormalised distribution that td_sampler_sample draws from, written densely into
+// probs [vocab] (zeros for removed tokens). Same in-place processing of logits. For tests and for
+// clients that want to inspect it; not needed on the hot path.
+void td_sampler_probs(td_sampler *s, const td_sampling_params *p, float *logits,
+                      const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
+                      float *probs);
+
+// log-softmax helpers over raw logits [vocab]:
+double td_logsumexp(const float *logits, int vocab);
+// Top k (id, logprob) pairs in descending order of logprob (ties: lower id first); k <= vocab.
+void td_logprobs_topk(const float *logits, int vocab, double lse, int k, int32_t *ids, float *lps);
+
+#endif

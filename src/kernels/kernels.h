@@ -1,0 +1,129 @@
+// Kernel table: the math a Llama-family forward needs (matmul over any weight dtype, RMSNorm, RoPE,
+// causal attention over a block-addressed f32 KV cache, SwiGLU, embedding rows, residual add).
+// Kernels are pure functions over one (ith, nth) slice of the work: they never allocate, never
+// spawn threads and never fail; the backend (src/backend/) runs them on its thread pool and checks
+// arguments. A variant (AVX-512, AMX, ...) is a new td_kernels table tested against the reference.
+#ifndef TD_KERNELS_KERNELS_H
+#define TD_KERNELS_KERNELS_H
+
+#include <stdint.h>
+#include "tensor/tensor.h"
+
+// y[n_tok, n_out] = x[n_tok, n_in] * W^T (+ bias). W is [n_out, n_in] in any td_dtype (rows
+// contiguous, quantized blocks along n_in); it is dequantized a chunk at a time, never up front.
+// Work is split over output rows: each slice loads its rows once and applies them to every token.
+typedef struct td_matmul_args {
+    const td_tensor *w;  // [n_out, n_in]
+    const float *bias;   // [n_out] or NULL
+    const float *x;      // [n_tok, n_in]
+    float *y;            // [n_tok, n_out]; must not alias x
+    int n_tok;
+} td_matmul_args;
+
+// y[n_rows, n] = x / sqrt(mean(x^2) + eps) * w, row by row; y may equal x. Also used per head
+// (Qwen3 q/k norm) by viewing [n_tok, n_heads, head_dim] as rows of head_dim.
+typedef struct td_rmsnorm_args {
+    const float *x;  // [n_rows, n]
+    const float *w;  // [n]
+    float *y;        // [n_rows, n]
+    int n_rows, n;
+    float eps;
+} td_rmsnorm_args;
+
+// In-place rotary embedding of x[n_tok, n_heads, head_dim] at positions pos[n_tok]:
+// angle_i = pos * inv_freq[i], i < head_dim/2 (scaling already folded into inv_freq), in double:
+// at position 300 an f32 angle is already off by ~1e-5 rad, visible against a float64 oracle.
+// neox: dim i pairs with i + head_dim/2; otherwise adjacent pairs (2i, 2i+1).
+typedef struct td_rope_args {
+    float *x;
+    const int32_t *pos;      // [n_tok]
+    const double *inv_freq;  // [head_dim / 2] radians per position
+    int n_tok, n_heads, head_dim;
+    int neox;
+} td_rope_args;
+
+// One layer of the KV cache, addressed by blocks so the same kernel reads a contiguous cache
+// (one block of max_ctx rows per sequence) or a paged pool (block tables of shared blocks).
+// Row (seq, pos) lives in block block_table[seq][pos / block_size], row pos % block_size; a row is
+// n_kv_heads * head_dim f32 (post-RoPE keys, values).
+typedef struct td_kv_layer {
+    float *k;                          // [n_blocks, block_size, kv_dim]
+    float *v;                          // [n_blocks, block_size, kv_dim]
+    const int32_t *const *block_table; // [n_seqs] -> block ids
+    int block_size;                    // rows per block
+    int kv_dim;                        // n_kv_heads * head_dim
+} td_kv_layer;
+
+static inline float *td_kv_k_row(const td_kv_layer *kv, int seq, int pos) {
+    int64_t b = kv->block_table[seq][pos / kv->block_size];
+    return kv->k + ((size_t)b * kv->block_size + (size_t)(pos % kv->block_size)) * kv->kv_dim;
+}
+static inline float *td_kv_v_row(const td_kv_layer *kv, int seq, int pos) {
+    int64_t b = kv->block_table[seq][pos / kv->block_size];
+    return kv->v + ((size_t)b * kv->block_size + (size_t)(pos % kv->block_size)) * kv->kv_dim;
+}
+
+// Copies k[n_tok, kv_dim] and v[n_tok, kv_dim] into the cache rows (seq_id[t], pos[t]).
+typedef struct td_kv_write_args {
+    const td_kv_layer *kv;
+    const float *k, *v;        // [n_tok, kv_dim]
+    const int32_t *seq_id, *pos;  // [n_tok]
+    int n_tok;
+} td_kv_write_args;
+
+// Causal attention: out[t, h, :] = softmax_j(q[t, h] . K[seq_t, j, h/g] * scale) V[seq_t, j, h/g]
+// over cache positions j in [0, pos[t]] (g = n_heads / n_kv_heads, grouped-query attention).
+// Softmax in f32 with max-subtraction (online, in tiles). head_dim <= TD_ATTN_MAX_HEAD_DIM.
+#define TD_ATTN_MAX_HEAD_DIM 512
+typedef struct td_attention_args {
+    const float *q;               // [n_tok, n_heads, head_dim]
+    const td_kv_layer *kv;
+    const int32_t *seq_id, *pos;  // [n_tok]
+    float *out;                   // [n_tok, n_heads, head_dim]
+    int n_tok, n_heads, n_kv_heads, head_dim;
+    float scale;                  // usually 1/sqrt(head_dim)
+} td_attention_args;
+
+// gate[n] = silu(gate[n]) * up[n]  (SwiGLU, in place on gate)
+typedef struct td_silu_mul_args {
+    float *gate;
+    const float *up;
+    int64_t n;
+} td_silu_mul_args;
+
+// y[n_tok, dim] = rows tokens[t] of table [vocab, dim] (any dtype), converted to f32. Token ids
+// are checked by the caller.
+typedef struct td_embed_args {
+    const td_tensor *table;
+    const int32_t *tokens;
+    float *y;
+    int n_tok;
+} td_embed_args;
+
+// y[n] += x[n]
+typedef struct td_add_args {
+    float *y;
+    const float *x;
+    int64_t n;
+} td_add_args;
+
+typedef struct td_kernels {
+    const char *name;
+    void (*matmul)(const td_matmul_args *a, int ith, int nth);
+    void (*rmsnorm)(const td_rmsnorm_args *a, int ith, int nth);
+    void (*rope)(const td_rope_args *a, int ith, int nth);
+    void (*kv_write)(const td_kv_write_args *a, int ith, int nth);
+    void (*attention)(const td_attention_args *a, int ith, int nth);
+    void (*silu_mul)(const td_silu_mul_args *a, int ith, int nth);
+    void (*embed)(const td_embed_args *a, int ith, int nth);
+    void (*add)(const td_add_args *a, int ith, int nth);
+} td_kernels;
+
+// The plain C reference kernels (src/kernels/ref/).
+extern const td_kernels td_kernels_ref;
+
+// The kernel set to use: by name ("ref"), or NULL for the environment variable TANDEM_KERNELS
+// (unset = the best available). Returns NULL for an unknown name.
+const td_kernels *td_kernels_get(const char *name);
+
+#endif

@@ -1,0 +1,60 @@
+// The Llama-family forward pass (Llama, Mistral, Qwen2, Qwen3) over one flat batch of tokens from
+// several sequences, continuing each sequence from its KV cache. Inference only: no saved
+// activations, no gradients. Weights are read in their stored dtype through the backend.
+// The KV cache here is contiguous per sequence (max_ctx rows per sequence, f32); attention reads it
+// through a block table, so a paged pool can replace it without touching the kernels.
+#ifndef TD_MODEL_FORWARD_H
+#define TD_MODEL_FORWARD_H
+
+#include <stdint.h>
+
+#include "base/status.h"
+#include "model/model.h"
+
+typedef struct td_forward td_forward;
+
+typedef struct td_forward_params {
+    int max_batch_tokens;  // tokens per td_forward_run (sizes the activation scratch)
+    int max_seqs;          // sequence ids are in [0, max_seqs)
+    int max_ctx;           // positions per sequence are in [0, max_ctx); 0 = min(cfg.max_pos, 4096)
+    int n_threads;         // <= 0: all online CPUs
+} td_forward_params;
+
+// max_batch_tokens 512, max_seqs 1, max_ctx 0 (model's, capped), n_threads 0.
+td_forward_params td_forward_default_params(void);
+
+// One flat batch. Arrays have n_tokens entries and are only read during td_forward_run.
+// The tokens of one sequence appear in increasing, consecutive positions; the first one of each
+// sequence is at a position <= that sequence's cached length (a smaller position overwrites the
+// cache from there on and truncates it). A token attends to its own sequence's positions <= pos,
+// including earlier tokens of the same batch.
+typedef struct td_batch {
+    int n_tokens;
+    const int32_t *tokens;       // [n_tokens] token ids < vocab_size
+    const int32_t *pos;          // [n_tokens] positions < max_ctx
+    const int32_t *seq_id;       // [n_tokens] in [0, max_seqs)
+    const uint8_t *want_logits;  // [n_tokens] nonzero = return this token's logits; NULL = every token
+} td_batch;
+
+// Creates a forward for model m: checks every weight's shape and dtype, precomputes RoPE
+// frequencies, converts norms and biases to f32, and allocates the KV cache and all scratch once.
+// m must outlive the forward (its weights are read in place, not copied). On success *out is owned
+// by the caller (td_forward_free); on failure *out is NULL and nothing leaks.
+td_status td_forward_create(const td_model *m, const td_forward_params *p, td_forward **out,
+                            td_err *err);
+void td_forward_free(td_forward *f);  // NULL is fine
+
+// Runs the batch and writes logits[n_out, vocab_size] (caller-owned, f32) for the tokens whose
+// want_logits is set, in batch order (n_out = n_tokens when want_logits is NULL); logits may be
+// NULL when n_out is 0. Invalid batches (ids, positions, sizes) return TD_ERR_INVALID with a
+// message and leave every sequence's cache as it was. Allocates nothing. Not thread-safe.
+td_status td_forward_run(td_forward *f, const td_batch *b, float *logits, td_err *err);
+
+// Forgets a sequence's cached keys and values (its length becomes 0). Out-of-range ids are ignored.
+void td_forward_seq_clear(td_forward *f, int seq_id);
+// Cached positions of a sequence (0 for an out-of-range id).
+int td_forward_seq_len(const td_forward *f, int seq_id);
+
+const td_model_config *td_forward_config(const td_forward *f);
+
+#endif

@@ -1,0 +1,406 @@
+// OpenAI request parsing/validation and small formatting helpers (see openai.h). Every field is checked
+// for type and range with a message naming it; null is treated as absent, as the OpenAI clients send it.
+// Unknown fields are ignored (as vLLM does). Nothing here talks to the engine or the network.
+#include "server/openai.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "engine/stop.h"
+
+td_api_limits td_api_default_limits(void) {
+    return (td_api_limits){.max_n = 16, .max_prompts = 64, .max_logprobs = 20, .max_model_len = 0,
+                           .vocab_size = 0, .max_prompt_ids = 1 << 20};
+}
+
+static const char *status_type(int status) {
+    switch (status) {
+    case 400: return "BadRequestError";
+    case 404: return "NotFoundError";
+    case 405: return "MethodNotAllowed";
+    case 413: return "RequestEntityTooLarge";
+    case 429: return "RateLimitError";
+    case 501: return "NotImplementedError";
+    case 503: return "ServiceUnavailableError";
+    default: return status >= 500 ? "InternalServerError" : "BadRequestError";
+    }
+}
+
+bool td_api_fail(td_api_error *e, int status, const char *param, const char *fmt, ...) {
+    e->http_status = status;
+    e->type = status_type(status);
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+char *td_api_error_json(const td_api_error *e) {
+    cJSON *root = cJSON_CreateObject(), *err = cJSON_CreateObject();
+    if (!root || !err) {
+        cJSON_Delete(root);
+        cJSON_Delete(err);
+        return NULL;
+    }
+    cJSON_AddItemToObject(root, "error", err);
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->type ? e->type : status_type(e->http_status));
+    if (e->param[0])
+        cJSON_AddStringToObject(err, "param", e->param);
+    else
+        cJSON_AddNullToObject(err, "param");
+    cJSON_AddNumberToObject(err, "code", e->http_status);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+const char *td_finish_reason_str(td_finish_reason r) {
+    switch (r) {
+    case TD_FINISH_STOP: return "stop";
+    case TD_FINISH_LENGTH: return "length";
+    case TD_FINISH_ABORT: return "abort";
+    default: return NULL;
+    }
+}
+
+bool td_sse_append(td_srv_buf *out, const char *json, size_t len) {
+    size_t old = out->len;
+    if (td_srv_buf_append(out, "data: ", 6) && td_srv_buf_append(out, json, len) &&
+        td_srv_buf_append(out, "\n\n", 2))
+        return true;
+    out->len = old;  // all or nothing
+    return false;
+}
+
+bool td_sse_append_done(td_srv_buf *out) { return td_srv_buf_append(out, "data: [DONE]\n\n", 14); }
+
+// ---- typed field access ------------------------------------------------------------------------
+
+// The field, or NULL when absent or null.
+static const cJSON *field(const cJSON *obj, const char *name) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return it && !cJSON_IsNull(it) ? it : NULL;
+}
+
+static bool get_bool(const cJSON *obj, const char *name, bool *out, td_api_error *e) {
+    const cJSON *it = field(obj, name);
+    if (!it) return true;
+    if (!cJSON_IsBool(it)) return td_api_fail(e, 400, name, "'%s' must be a boolean", name);
+    *out = cJSON_IsTrue(it);
+    return true;
+}
+
+static bool is_integer(const cJSON *it, double lo, double hi) {
+    if (!cJSON_IsNumber(it)) return false;
+    double v = it->valuedouble;
+    return isfinite(v) && v == floor(v) && v >= lo && v <= hi;
+}
+
+static bool get_int(const cJSON *obj, const char *name, long lo, long hi, long *out, bool *given,
+                    td_api_error *e) {
+    const cJSON *it = field(obj, name);
+    if (given) *given = it != NULL;
+    if (!it) return true;
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble != floor(it->valuedouble))
+        return td_api_fail(e, 400, name, "'%s' must be an integer", name);
+    if (it->valuedouble < (double)lo || it->valuedouble > (double)hi)
+        return td_api_fail(e, 400, name, "'%s' must be in [%ld, %ld], got %.17g", name, lo, hi, it->valuedouble);
+    *out = (long)it->valuedouble;
+    return true;
+}
+
+// lo_open: lo itself is excluded.
+static bool get_num(const cJSON *obj, const char *name, double lo, bool lo_open, double hi, float *out,
+                    td_api_error *e) {
+    const cJSON *it = field(obj, name);
+    if (!it) return true;
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
+        return td_api_fail(e, 400, name, "'%s' must be a number", name);
+    double v = it->valuedouble;
+    if (v > hi || v < lo || (lo_open && v == lo))
+        return td_api_fail(e, 400, name, "'%s' must be in %s%g, %g], got %g", name, lo_open ? "(" : "[", lo, hi, v);
+    *out = (float)v;
+    return true;
+}
+
+// ---- composite fields ----------------------------------------------------------------------------
+
+static bool parse_ids(const cJSON *arr, const char *name, const td_api_limits *lim, td_srv_arena *a,
+                      int32_t **out, int *n_out, td_api_error *e) {
+    int n = cJSON_GetArraySize(arr);
+    if (n > lim->max_prompt_ids) return td_api_fail(e, 400, name, "'%s' has %d token ids (at most %d)", name, n, lim->max_prompt_ids);
+    int32_t *ids = td_srv_arena_alloc(a, sizeof(int32_t) * (size_t)(n ? n : 1));
+    if (!ids) return td_api_fail(e, 500, NULL, "out of memory");
+    int i = 0;
+    double hi = lim->vocab_size > 0 ? lim->vocab_size - 1 : 2147483647.0;
+    for (const cJSON *it = arr->child; it; it = it->next, i++) {
+        if (!is_integer(it, 0, hi)) {
+            if (cJSON_IsNumber(it) && isfinite(it->valuedouble) && it->valuedouble == floor(it->valuedouble))
+                return td_api_fail(e, 400, name, "token id %.17g in '%s' is out of vocabulary (size %d)",
+                                   it->valuedouble, name, lim->vocab_size);
+            return td_api_fail(e, 400, name, "'%s' must hold integer token ids", name);
+        }
+        ids[i] = (int32_t)it->valuedouble;
+    }
+    *out = ids;
+    *n_out = n;
+    return true;
+}
+
+static bool parse_prompt(const cJSON *body, const td_api_limits *lim, td_srv_arena *a, td_api_request *r,
+                         td_api_error *e) {
+    const cJSON *p = field(body, "prompt");
+    if (!p) return td_api_fail(e, 400, "prompt", "'prompt' is required");
+    if (cJSON_IsString(p)) {
+        r->prompts = td_srv_arena_calloc(a, 1, sizeof *r->prompts);
+        if (!r->prompts) return td_api_fail(e, 500, NULL, "out of memory");
+        r->prompts[0].text = p->valuestring;
+        r->prompts[0].text_len = strlen(p->valuestring);
+        r->n_prompts = 1;
+        return true;
+    }
+    if (!cJSON_IsArray(p) || !p->child)
+        return td_api_fail(e, 400, "prompt", "'prompt' must be a string, an array of strings, an array of token ids "
+                                             "or an array of token-id arrays (non-empty)");
+    if (cJSON_IsNumber(p->child)) {  // one token-array prompt
+        r->prompts = td_srv_arena_calloc(a, 1, sizeof *r->prompts);
+        if (!r->prompts) return td_api_fail(e, 500, NULL, "out of memory");
+        int32_t *ids;
+        if (!parse_ids(p, "prompt", lim, a, &ids, &r->prompts[0].n_ids, e)) return false;
+        r->prompts[0].ids = ids;
+        r->n_prompts = 1;
+        return true;
+    }
+    int n = cJSON_GetArraySize(p);
+    if (n > lim->max_prompts) return td_api_fail(e, 400, "prompt", "'prompt' holds %d prompts (at most %d)", n, lim->max_prompts);
+    r->prompts = td_srv_arena_calloc(a, (size_t)n, sizeof *r->prompts);
+    if (!r->prompts) return td_api_fail(e, 500, NULL, "out of memory");
+    bool strings = cJSON_IsString(p->child);
+    int i = 0;
+    for (const cJSON *it = p->child; it; it = it->next, i++) {
+        if (strings && cJSON_IsString(it)) {
+            r->prompts[i].text = it->valuestring;
+            r->prompts[i].text_len = strlen(it->valuestring);
+        } else if (!strings && cJSON_IsArray(it) && it->child) {
+            int32_t *ids;
+            if (!parse_ids(it, "prompt", lim, a, &ids, &r->prompts[i].n_ids, e)) return false;
+            r->prompts[i].ids = ids;
+        } else {
+            return td_api_fail(e, 400, "prompt", "'prompt' must not mix strings, token ids and token-id arrays "
+                                                 "(element %d), and token-id arrays must be non-empty", i);
+        }
+    }
+    r->n_prompts = n;
+    return true;
+}
+
+static bool parse_messages(const cJSON *body, td_api_request *r, td_api_error *e) {
+    const cJSON *m = field(body, "messages");
+    if (!m) return td_api_fail(e, 400, "messages", "'messages' is required");
+    if (!cJSON_IsArray(m) || !m->child) return td_api_fail(e, 400, "messages", "'messages' must be a non-empty array");
+    int i = 0;
+    for (const cJSON *it = m->child; it; it = it->next, i++) {
+        if (!cJSON_IsObject(it)) return td_api_fail(e, 400, "messages", "messages[%d] must be an object", i);
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+        if (!cJSON_IsString(role)) return td_api_fail(e, 400, "messages", "messages[%d].role must be a string", i);
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+        if (c && !cJSON_IsNull(c) && !cJSON_IsString(c) && !cJSON_IsArray(c))
+            return td_api_fail(e, 400, "messages", "messages[%d].content must be a string, an array of parts or null", i);
+        if (cJSON_IsArray(c))
+            for (const cJSON *part = c->child; part; part = part->next) {
+                const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+                if (!cJSON_IsObject(part) || !cJSON_IsString(type))
+                    return td_api_fail(e, 400, "messages", "messages[%d].content parts must be objects with a 'type'", i);
+                if (strcmp(type->valuestring, "text") != 0)
+                    return td_api_fail(e, 400, "messages", "messages[%d]: content part type '%s' is not supported", i,
+                                       type->valuestring);
+                if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(part, "text")))
+                    return td_api_fail(e, 400, "messages", "messages[%d]: a text part needs a string 'text'", i);
+            }
+    }
+    r->messages = m;
+    return true;
+}
+
+static bool parse_stop(const cJSON *body, td_srv_arena *a, td_gen_request *g, td_api_error *e) {
+    const cJSON *s = field(body, "stop");
+    if (!s) return true;
+    if (cJSON_IsString(s)) {
+        if (!s->valuestring[0]) return true;
+        if (strlen(s->valuestring) > TD_STOP_MAX_LEN)
+            return td_api_fail(e, 400, "stop", "'stop' strings are limited to %d bytes", TD_STOP_MAX_LEN);
+        const char **arr = td_srv_arena_alloc(a, sizeof(char *));
+        if (!arr) return td_api_fail(e, 500, NULL, "out of memory");
+        arr[0] = s->valuestring;
+        g->stop = arr;
+        g->n_stop = 1;
+        return true;
+    }
+    if (!cJSON_IsArray(s)) return td_api_fail(e, 400, "stop", "'stop' must be a string or an array of strings");
+    int n = cJSON_GetArraySize(s);
+    if (n > TD_STOP_MAX_STRINGS) return td_api_fail(e, 400, "stop", "'stop' holds %d strings (at most %d)", n, TD_STOP_MAX_STRINGS);
+    const char **arr = td_srv_arena_alloc(a, sizeof(char *) * (size_t)(n ? n : 1));
+    if (!arr) return td_api_fail(e, 500, NULL, "out of memory");
+    int k = 0;
+    for (const cJSON *it = s->child; it; it = it->next) {
+        if (!cJSON_IsString(it)) return td_api_fail(e, 400, "stop", "'stop' must be a string or an array of strings");
+        if (strlen(it->valuestring) > TD_STOP_MAX_LEN)
+            return td_api_fail(e, 400, "stop", "'stop' strings are limited to %d bytes", TD_STOP_MAX_LEN);
+        if (it->valuestring[0]) arr[k++] = it->valuestring;
+    }
+    g->stop = arr;
+    g->n_stop = k;
+    return true;
+}
+
+static bool parse_logit_bias(const cJSON *body, const td_api_limits *lim, td_srv_arena *a, td_gen_request *g,
+                             td_api_error *e) {
+    const cJSON *lb = field(body, "logit_bias");
+    if (!lb) return true;
+    if (!cJSON_IsObject(lb)) return td_api_fail(e, 400, "logit_bias", "'logit_bias' must be an object {token id: bias}");
+    int n = cJSON_GetArraySize(lb);
+    if (n > 1024) return td_api_fail(e, 400, "logit_bias", "'logit_bias' holds %d entries (at most 1024)", n);
+    td_logit_bias_entry *arr = td_srv_arena_alloc(a, sizeof *arr * (size_t)(n ? n : 1));
+    if (!arr) return td_api_fail(e, 500, NULL, "out of memory");
+    int i = 0;
+    for (const cJSON *it = lb->child; it; it = it->next, i++) {
+        char *end;
+        const char *k = it->string ? it->string : "";
+        long id = strtol(k, &end, 10);
+        if (!*k || *end || id < 0 || id > 2147483647L || (lim->vocab_size > 0 && id >= lim->vocab_size))
+            return td_api_fail(e, 400, "logit_bias", "'logit_bias' key '%.40s' is not a token id in the vocabulary", k);
+        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < -100 || it->valuedouble > 100)
+            return td_api_fail(e, 400, "logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+        arr[i].token = (int32_t)id;
+        arr[i].bias = (float)it->valuedouble;
+    }
+    g->logit_bias = arr;
+    g->n_logit_bias = n;
+    return true;
+}
+
+static void delete_json(void *p) { cJSON_Delete(p); }
+
+bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_limits *lim,
+                  const char *served_model, td_srv_arena *a, td_api_request *r, td_api_error *e) {
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root) return td_api_fail(e, 400, NULL, "the request body is not valid JSON");
+    if (!td_srv_arena_cleanup(a, delete_json, root)) {
+        cJSON_Delete(root);
+        return td_api_fail(e, 500, NULL, "out of memory");
+    }
+    r->body = root;
+    for (const char *p = end; p && p < body + len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n' && *p != 0)
+            return td_api_fail(e, 400, NULL, "the request body is not valid JSON (trailing data)");
+    if (!cJSON_IsObject(root)) return td_api_fail(e, 400, NULL, "the request body must be a JSON object");
+
+    const cJSON *model = field(root, "model");
+    if (model) {
+        if (!cJSON_IsString(model)) return td_api_fail(e, 400, "model", "'model' must be a string");
+        r->model = model->valuestring;
+        if (served_model && strcmp(model->valuestring, served_model) != 0)
+            return td_api_fail(e, 404, "model", "The model `%.200s` does not exist.", model->valuestring);
+    }
+
+    td_gen_request *g = &r->gen;
+    g->model = r->model ? r->model : served_model;
+    g->n = 1;
+    g->temperature = 1.0f;
+    g->top_p = 1.0f;
+    g->top_k = 0;
+    g->min_p = 0.0f;
+    g->repetition_penalty = 1.0f;
+    g->logprobs = -1;
+    g->prompt_logprobs = -1;
+
+    if (kind == TD_API_COMPLETIONS) {
+        if (!parse_prompt(root, lim, a, r, e)) return false;
+        if (field(root, "suffix")) return td_api_fail(e, 400, "suffix", "'suffix' is not supported");
+        r->add_special_tokens = true;
+    } else {
+        if (!parse_messages(root, r, e)) return false;
+        r->add_generation_prompt = true;
+        if (!get_bool(root, "add_generation_prompt", &r->add_generation_prompt, e)) return false;
+        r->add_special_tokens = false;
+    }
+    if (!get_bool(root, "add_special_tokens", &r->add_special_tokens, e)) return false;
+
+    long v;
+    bool given;
+    long max_len = lim->max_model_len > 0 ? lim->max_model_len : 2147483647L;
+    if (kind == TD_API_CHAT && field(root, "max_completion_tokens")) {
+        if (!get_int(root, "max_completion_tokens", 1, max_len, &v, &given, e)) return false;
+    } else {
+        if (!get_int(root, "max_tokens", 1, max_len, &v, &given, e)) return false;
+    }
+    r->has_max_tokens = given;
+    g->max_tokens = given ? (int)v : 0;
+    if (!get_int(root, "n", 1, lim->max_n, &v, &given, e)) return false;
+    if (given) g->n = (int)v;
+    if (!get_int(root, "best_of", 1, lim->max_n, &v, &given, e)) return false;
+    if (given && v != g->n) return td_api_fail(e, 400, "best_of", "'best_of' different from 'n' is not supported");
+    if (!get_num(root, "temperature", 0, false, 2, &g->temperature, e)) return false;
+    if (!get_num(root, "top_p", 0, true, 1, &g->top_p, e)) return false;
+    if (!get_int(root, "top_k", -1, 1 << 30, &v, &given, e)) return false;
+    if (given) g->top_k = v <= 0 ? 0 : (int)v;
+    if (!get_num(root, "min_p", 0, false, 1, &g->min_p, e)) return false;
+    if (!get_num(root, "repetition_penalty", 0, true, 2, &g->repetition_penalty, e)) return false;
+    if (!get_num(root, "presence_penalty", -2, false, 2, &g->presence_penalty, e)) return false;
+    if (!get_num(root, "frequency_penalty", -2, false, 2, &g->frequency_penalty, e)) return false;
+    if (!parse_logit_bias(root, lim, a, g, e)) return false;
+    const cJSON *seed = field(root, "seed");
+    if (seed) {
+        if (!is_integer(seed, -9223372036854775808.0, 9223372036854775807.0))
+            return td_api_fail(e, 400, "seed", "'seed' must be an integer");
+        g->has_seed = true;
+        g->seed = (uint64_t)(int64_t)seed->valuedouble;
+    }
+    if (!parse_stop(root, a, g, e)) return false;
+    const cJSON *sti = field(root, "stop_token_ids");
+    if (sti) {
+        if (!cJSON_IsArray(sti)) return td_api_fail(e, 400, "stop_token_ids", "'stop_token_ids' must be an array of token ids");
+        int32_t *ids;
+        if (!parse_ids(sti, "stop_token_ids", lim, a, &ids, &g->n_stop_token_ids, e)) return false;
+        g->stop_token_ids = ids;
+    }
+    if (!get_bool(root, "ignore_eos", &g->ignore_eos, e)) return false;
+    if (!get_bool(root, "stream", &g->stream, e)) return false;
+    const cJSON *so = field(root, "stream_options");
+    if (so) {
+        if (!cJSON_IsObject(so)) return td_api_fail(e, 400, "stream_options", "'stream_options' must be an object");
+        if (!g->stream) return td_api_fail(e, 400, "stream_options", "'stream_options' can only be set when 'stream' is true");
+        if (!get_bool(so, "include_usage", &r->include_usage, e)) {
+            snprintf(e->param, sizeof e->param, "stream_options.include_usage");
+            return false;
+        }
+    }
+    const cJSON *rf = field(root, "response_format");
+    if (rf) {
+        const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
+            return td_api_fail(e, 400, "response_format", "'response_format' other than {\"type\": \"text\"} is not supported");
+    }
+
+    if (kind == TD_API_COMPLETIONS) {
+        if (!get_bool(root, "echo", &g->echo, e)) return false;
+        if (!get_int(root, "logprobs", 0, lim->max_logprobs, &v, &given, e)) return false;
+        if (given) g->logprobs = (int)v;
+        if (g->echo && g->logprobs >= 0) g->prompt_logprobs = g->logprobs;
+    } else {
+        if (!get_bool(root, "logprobs", &r->chat_logprobs, e)) return false;
+        if (!get_int(root, "top_logprobs", 0, lim->max_logprobs, &v, &given, e)) return false;
+        if (given && !r->chat_logprobs)
+            return td_api_fail(e, 400, "top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+        if (r->chat_logprobs) g->logprobs = given ? (int)v : 0;
+    }
+    return true;
+}

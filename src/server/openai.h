@@ -1,0 +1,76 @@
+// The OpenAI request surface, without any I/O: JSON body -> validated td_api_request (in the request's
+// arena), OpenAI error bodies, and the JSON of responses and stream chunks. Pure functions, so the unit
+// tests and the fuzz target drive them directly. Tokenization and context-length checks need the
+// engine and live in server.c.
+#ifndef TD_SERVER_OPENAI_H
+#define TD_SERVER_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <cjson/cJSON.h>
+#include "server/serve_engine.h"
+#include "server/srv_mem.h"
+
+typedef enum td_api_kind { TD_API_COMPLETIONS, TD_API_CHAT } td_api_kind;
+
+typedef struct td_api_limits {
+    int max_n;            // choices per prompt
+    int max_prompts;      // prompts in one completions request (list of strings / token lists)
+    int max_logprobs;     // alternatives per token
+    int max_model_len;    // tokens; 0 = unknown (max_tokens then only checked for >= 1)
+    int vocab_size;       // token ids must be in [0, vocab_size); 0 = unchecked
+    int max_prompt_ids;   // token ids in one token-array prompt
+} td_api_limits;
+
+td_api_limits td_api_default_limits(void);
+
+// An OpenAI error, ready for td_api_error_json. param names the offending field ("" if none).
+typedef struct td_api_error {
+    int http_status;    // 400, 404, 405, 413, 500, 501, 503
+    const char *type;   // "BadRequestError", "NotFoundError", ...
+    char param[64];
+    char message[400];
+} td_api_error;
+
+// Sets *e and returns false (so validators can `return api_fail(...)`).
+bool td_api_fail(td_api_error *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+// {"error": {"message", "type", "param", "code"}} (code = the HTTP status, as vLLM), malloc'd.
+char *td_api_error_json(const td_api_error *e);
+
+typedef struct td_api_prompt {
+    const char *text;      // NUL-terminated text prompt (NULL when ids given), points into the arena
+    size_t text_len;
+    const int32_t *ids;    // token-array prompt [n_ids]
+    int n_ids;
+} td_api_prompt;
+
+typedef struct td_api_request {
+    td_api_kind kind;
+    td_gen_request gen;    // sampling fields filled; prompt/n_prompt left for the server
+    bool has_max_tokens;   // false: the server fills max_model_len - prompt length
+    const char *model;     // NULL when not given
+    td_api_prompt *prompts;  // completions: [n_prompts]
+    int n_prompts;
+    const cJSON *messages;   // chat: the "messages" array (inside body)
+    bool add_generation_prompt;  // chat (vLLM extension; default true)
+    bool chat_logprobs;          // chat: "logprobs": true
+    bool include_usage;          // stream_options.include_usage
+    bool add_special_tokens;     // completions default true, chat default false (vLLM)
+    cJSON *body;                 // the parsed body; owned by the arena (freed at its destroy)
+} td_api_request;
+
+// Parses and validates a request body. On success fills *out with pointers into arena a (the parsed
+// cJSON tree is registered for cleanup with a) and returns true. On failure fills *e (400 with the
+// field named, or 404 for an unknown model when served_model is non-NULL) and returns false; the
+// arena may hold partial allocations, freed with it.
+bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_limits *lim,
+                  const char *served_model, td_srv_arena *a, td_api_request *out, td_api_error *e);
+
+const char *td_finish_reason_str(td_finish_reason r);  // "stop", "length", "abort"; NULL for NONE
+
+// Server-sent events: appends "data: <json>\n\n" (json without newlines, as cJSON prints it).
+bool td_sse_append(td_srv_buf *out, const char *json, size_t len);
+bool td_sse_append_done(td_srv_buf *out);  // "data: [DONE]\n\n"
+
+#endif

@@ -1,0 +1,1204 @@
+// The HTTP layer (see server.h): libmicrohttpd glue, routes, the per-request state machine and the
+// event queue between engine threads and the server thread. All MHD callbacks run on MHD's single
+// internal epoll thread; engine threads only append binary events to a request's queue under its
+// mutex and resume its connection. Request memory: one arena per request (parsed body, prompt ids,
+// stop strings) plus growable output buffers, all freed when both MHD and the engine are done with it.
+#include "server/server.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "base/log.h"
+#include "server/metrics.h"
+
+td_server_params td_server_default_params(void) {
+    return (td_server_params){.host = "127.0.0.1", .port = 0, .max_connections = 1024,
+                              .max_body_bytes = 8u << 20, .max_header_bytes = 32u << 10, .idle_timeout_s = 600,
+                              .limits = td_api_default_limits()};
+}
+
+#ifndef TANDEM_HAVE_MHD
+struct td_server {
+    int unused;
+};
+td_server *td_server_start(const td_server_params *p, td_engine engine, td_err *err) {
+    td_err_set(err, TD_ERR_UNSUPPORTED, "serve: built without libmicrohttpd");
+    return NULL;
+}
+int td_server_port(const td_server *s) { return 0; }
+int td_server_stop(td_server *s, int grace_ms) { return 0; }
+#else
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+
+#define RESERVE_CONNECTIONS 16  // beyond max_connections: answered with 503, then closed
+
+typedef enum { R_NONE, R_HEALTH, R_MODELS, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_COMPLETIONS, R_CHAT } route;
+
+typedef enum { EV_TOKEN = 1, EV_FINISH, EV_DONE } ev_kind;
+
+// Binary event record in a request's queue, followed by n_top td_top_logprob and text_len bytes.
+typedef struct ev_hdr {
+    uint8_t kind;     // ev_kind
+    uint8_t prompt;   // EV_TOKEN: a prompt token
+    uint8_t has_lp;
+    uint8_t reason;   // EV_FINISH: td_finish_reason; EV_DONE: td_status
+    int32_t sub;      // which engine request of this HTTP request
+    int32_t index;    // choice index within the sub request
+    int32_t token;
+    float logprob;
+    int32_t n_top;
+    uint32_t text_len;
+    int32_t usage[3];  // EV_DONE: prompt, completion, cached tokens
+    double t;          // td_now() when the engine reported it
+} ev_hdr;
+
+typedef struct choice {
+    td_srv_buf text;       // non-streaming: all text
+    cJSON *lp_tokens, *lp_values, *lp_top, *lp_offsets;  // completions logprobs (legacy arrays)
+    cJSON *lp_content;     // chat logprobs "content" list
+    size_t text_offset;    // bytes of token strings so far (legacy text_offset)
+    td_finish_reason reason;
+    double t_last;
+    int n_tokens;
+} choice;
+
+struct td_server;
+
+typedef struct sub {
+    struct srv_req *req;
+    int idx;
+    td_engine_handle h;
+    bool submitted, done;
+    int n_prompt;
+    const char *prompt_text;  // for echo (arena)
+    size_t prompt_text_len;
+    cJSON *p_tokens, *p_values, *p_top, *p_offsets;  // prompt logprobs (echo + logprobs)
+    size_t p_text_len;
+} sub;
+
+typedef struct srv_req {
+    struct td_server *srv;
+    struct MHD_Connection *conn;
+    struct srv_req *prev, *next;  // srv->live (under srv->mu)
+    td_srv_arena *arena;
+    td_srv_buf body;
+    route rt;
+    bool body_too_large;
+    bool counted_conn;
+
+    // Shared with engine threads, under mu.
+    pthread_mutex_t mu;
+    td_srv_buf events;
+    bool suspended;
+    bool client_gone;
+    int refs;  // 1 for MHD + 1 per submitted sub until its on_done returns
+
+    // Server-thread only.
+    td_api_request api;
+    sub *subs;
+    int n_subs, n_done;
+    choice *choices;
+    int n_choices;
+    td_srv_buf work;       // events being processed
+    td_srv_buf out;        // streaming bytes not yet handed to MHD
+    td_srv_buf itl;        // double[] inter-token gaps
+    bool finished;         // all subs done and final output produced
+    bool response_queued;
+    bool failed;
+    td_status fail_status;
+    char fail_msg[256];
+    int usage_prompt, usage_completion, usage_cached;
+    double t_arrival, t_first;
+    int64_t created;
+    char id[48];
+} srv_req;
+
+struct td_server {
+    struct MHD_Daemon *mhd;
+    td_server_params p;
+    td_engine eng;
+    td_engine_info info;
+    td_srv_metrics *metrics;
+    int port;
+    pthread_mutex_t mu;
+    srv_req *live;        // requests with engine work (submitted), for shutdown cancel
+    int n_live;
+    int n_alloc;          // srv_req objects not yet freed
+    atomic_int open_conns;
+    atomic_bool stopping;
+    atomic_bool closing;  // final phase of stop: never suspend again
+    bool zombie;          // stopped, but requests remain (under mu): the last req_free frees s
+    atomic_uint_fast64_t next_id;
+};
+
+// ---- small helpers ---------------------------------------------------------------------------------
+
+static enum MHD_Result send_body(srv_req *r, struct MHD_Connection *c, int status, const char *ctype, const char *body,
+                                 size_t len) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", ctype);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    if (r) {
+        r->response_queued = true;
+        td_srv_metrics_http(r->srv->metrics, status);
+    }
+    return ret;
+}
+
+static enum MHD_Result send_json(srv_req *r, struct MHD_Connection *c, int status, cJSON *j) {
+    char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    if (!s) return MHD_NO;
+    enum MHD_Result ret = send_body(r, c, status, "application/json", s, strlen(s));
+    free(s);
+    return ret;
+}
+
+static enum MHD_Result send_error(srv_req *r, struct MHD_Connection *c, const td_api_error *e) {
+    char *s = td_api_error_json(e);
+    if (!s) return MHD_NO;
+    enum MHD_Result ret = send_body(r, c, e->http_status, "application/json", s, strlen(s));
+    free(s);
+    return ret;
+}
+
+static enum MHD_Result send_err(srv_req *r, struct MHD_Connection *c, int status, const char *param, const char *msg) {
+    td_api_error e;
+    td_api_fail(&e, status, param, "%s", msg);
+    return send_error(r, c, &e);
+}
+
+// Replaces invalid UTF-8 with U+FFFD so that JSON stays valid (token strings of byte-level BPEs).
+static char *utf8_clean(const char *s, size_t n, char *buf, size_t cap) {
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 4 < cap;) {
+        unsigned char c = (unsigned char)s[i];
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = len > 0 && i + (size_t)len <= n && c != 0;
+        for (int k = 1; ok && k < len; k++) ok = ((unsigned char)s[i + k] >> 6) == 2;
+        if (ok) {
+            memcpy(buf + o, s + i, (size_t)len);
+            o += (size_t)len;
+            i += (size_t)len;
+        } else {
+            memcpy(buf + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        }
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+static const char *token_str(srv_req *r, int32_t id, char *buf, size_t cap) {
+    char raw[256];
+    td_err err;
+    long n = r->srv->eng.vt->detokenize(r->srv->eng.ctx, &id, 1, raw, sizeof raw, &err);
+    if (n < 0) n = 0;
+    if ((size_t)n > sizeof raw) n = sizeof raw;
+    return utf8_clean(raw, (size_t)n, buf, cap);
+}
+
+static bool drain_events(srv_req *r, bool quiet);
+
+static void server_free(td_server *s) {
+    td_srv_metrics_free(s->metrics);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+static void req_free(srv_req *r) {
+    td_server *s = r->srv;
+    // The client left before the engine finished: account the finish reasons and latency anyway.
+    // Quiet: timing and finish reasons only, no engine calls (this may run inside an engine callback).
+    if (r->n_subs && !r->finished) drain_events(r, true);
+    for (int i = 0; i < r->n_choices; i++) {
+        choice *c = &r->choices[i];
+        td_srv_buf_free(&c->text);
+        cJSON_Delete(c->lp_tokens);
+        cJSON_Delete(c->lp_values);
+        cJSON_Delete(c->lp_top);
+        cJSON_Delete(c->lp_offsets);
+        cJSON_Delete(c->lp_content);
+    }
+    free(r->choices);
+    for (int i = 0; i < r->n_subs; i++) {
+        cJSON_Delete(r->subs[i].p_tokens);
+        cJSON_Delete(r->subs[i].p_values);
+        cJSON_Delete(r->subs[i].p_top);
+        cJSON_Delete(r->subs[i].p_offsets);
+    }
+    td_srv_buf_free(&r->body);
+    td_srv_buf_free(&r->events);
+    td_srv_buf_free(&r->work);
+    td_srv_buf_free(&r->out);
+    td_srv_buf_free(&r->itl);
+    td_srv_arena_destroy(r->arena);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    pthread_mutex_lock(&s->mu);
+    bool last = --s->n_alloc == 0 && s->zombie;
+    pthread_mutex_unlock(&s->mu);
+    if (last) server_free(s);  // td_server_stop returned before the engine let go of this request
+}
+
+// Drops one reference; frees at zero. Call without r->mu held.
+static void req_unref(srv_req *r) {
+    pthread_mutex_lock(&r->mu);
+    int left = --r->refs;
+    pthread_mutex_unlock(&r->mu);
+    if (left == 0) req_free(r);
+}
+
+// ---- engine -> server: the sink (engine threads) ----------------------------------------------------
+
+static void push_event(sub *sb, const ev_hdr *h, const td_top_logprob *top, const char *text, bool wake) {
+    srv_req *r = sb->req;
+    pthread_mutex_lock(&r->mu);
+    size_t old = r->events.len;
+    bool ok = td_srv_buf_append(&r->events, h, sizeof *h) &&
+              (h->n_top == 0 || td_srv_buf_append(&r->events, top, sizeof *top * (size_t)h->n_top)) &&
+              (h->text_len == 0 || td_srv_buf_append(&r->events, text, h->text_len));
+    if (!ok) r->events.len = old;  // OOM: drop this event (the DONE event is tiny; see on_done)
+    if (wake && r->suspended && !r->client_gone) {
+        r->suspended = false;
+        MHD_resume_connection(r->conn);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void sink_token(void *ctx, const td_gen_token *t) {
+    sub *sb = ctx;
+    ev_hdr h = {.kind = EV_TOKEN, .prompt = t->prompt, .has_lp = t->has_logprob, .sub = sb->idx, .index = t->index,
+                .token = t->token, .logprob = t->logprob, .n_top = t->n_top > TD_GEN_MAX_TOP_LOGPROBS ? TD_GEN_MAX_TOP_LOGPROBS : t->n_top,
+                .text_len = (uint32_t)t->text_len, .t = td_now()};
+    if (h.n_top < 0) h.n_top = 0;
+    push_event(sb, &h, t->top, t->text, sb->req->api.gen.stream && !t->prompt);
+}
+
+static void sink_finish(void *ctx, int index, td_finish_reason reason, const char *tail, size_t tail_len) {
+    sub *sb = ctx;
+    ev_hdr h = {.kind = EV_FINISH, .reason = (uint8_t)reason, .sub = sb->idx, .index = index,
+                .text_len = (uint32_t)tail_len, .t = td_now()};
+    push_event(sb, &h, NULL, tail, sb->req->api.gen.stream);
+}
+
+static void sink_done(void *ctx, const td_gen_usage *u, td_status st, const char *msg) {
+    sub *sb = ctx;
+    srv_req *r = sb->req;
+    size_t ml = msg ? strlen(msg) : 0;
+    if (ml > 200) ml = 200;
+    ev_hdr h = {.kind = EV_DONE, .reason = (uint8_t)st, .sub = sb->idx, .text_len = (uint32_t)ml, .t = td_now()};
+    if (u) {
+        h.usage[0] = u->prompt_tokens;
+        h.usage[1] = u->completion_tokens;
+        h.usage[2] = u->cached_tokens;
+    }
+    push_event(sb, &h, NULL, msg, true);
+    td_server *s = r->srv;
+    pthread_mutex_lock(&s->mu);
+    s->n_live--;
+    pthread_mutex_unlock(&s->mu);
+    req_unref(r);
+}
+
+static const td_gen_sink *sink_table(void) {
+    static const td_gen_sink t = {.ctx = NULL, .on_token = sink_token, .on_finish = sink_finish, .on_done = sink_done};
+    return &t;
+}
+
+// ---- response building (server thread) -----------------------------------------------------------
+
+static cJSON *chunk_base(srv_req *r) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", r->id);
+    cJSON_AddStringToObject(j, "object", r->api.kind == TD_API_CHAT ? (r->api.gen.stream ? "chat.completion.chunk" : "chat.completion")
+                                                                    : "text_completion");
+    cJSON_AddNumberToObject(j, "created", (double)r->created);
+    cJSON_AddStringToObject(j, "model", r->srv->info.model_name);
+    return j;
+}
+
+static cJSON *usage_json(srv_req *r) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", r->usage_prompt);
+    cJSON_AddNumberToObject(u, "total_tokens", r->usage_prompt + r->usage_completion);
+    cJSON_AddNumberToObject(u, "completion_tokens", r->usage_completion);
+    if (r->usage_cached > 0) {
+        cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+        cJSON_AddNumberToObject(d, "cached_tokens", r->usage_cached);
+    }
+    return u;
+}
+
+static void emit_chunk(srv_req *r, cJSON *j) {
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (s) td_sse_append(&r->out, s, strlen(s));
+    free(s);
+}
+
+// One streaming chunk for choice ci carrying text (and, for tokens, a logprobs entry).
+static void emit_choice_chunk(srv_req *r, int ci, const char *text, size_t len, cJSON *lp, td_finish_reason fin,
+                              bool role) {
+    cJSON *j = chunk_base(r);
+    cJSON *arr = cJSON_AddArrayToObject(j, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(arr, c);
+    cJSON_AddNumberToObject(c, "index", ci);
+    char *t = malloc(len * 3 + 8);
+    if (t) utf8_clean(text ? text : "", len, t, len * 3 + 8);
+    if (r->api.kind == TD_API_CHAT) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (role) cJSON_AddStringToObject(d, "role", "assistant");
+        if (role || len) cJSON_AddStringToObject(d, "content", t ? t : "");
+    } else {
+        cJSON_AddStringToObject(c, "text", t ? t : "");
+    }
+    free(t);
+    if (lp)
+        cJSON_AddItemToObject(c, "logprobs", lp);
+    else
+        cJSON_AddNullToObject(c, "logprobs");
+    const char *fr = td_finish_reason_str(fin);
+    if (fr)
+        cJSON_AddStringToObject(c, "finish_reason", fr);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+    emit_chunk(r, j);
+}
+
+static void lp_arrays_add(cJSON *tokens, cJSON *values, cJSON *tops, cJSON *offsets, const char *tstr, bool has_lp,
+                          float lp, cJSON *top, size_t offset) {
+    cJSON_AddItemToArray(tokens, cJSON_CreateString(tstr));
+    cJSON_AddItemToArray(values, has_lp ? cJSON_CreateNumber(lp) : cJSON_CreateNull());
+    cJSON_AddItemToArray(tops, top ? top : cJSON_CreateNull());
+    cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)offset));
+}
+
+static cJSON *legacy_top(srv_req *r, const td_top_logprob *top, int n_top) {
+    cJSON *o = cJSON_CreateObject();
+    char buf[800];
+    for (int k = 0; k < n_top; k++) {
+        const char *ts = token_str(r, top[k].token, buf, sizeof buf);
+        if (!cJSON_GetObjectItemCaseSensitive(o, ts)) cJSON_AddNumberToObject(o, ts, top[k].logprob);
+    }
+    return o;
+}
+
+static cJSON *bytes_of(const char *s) {
+    cJSON *b = cJSON_CreateArray();
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) cJSON_AddItemToArray(b, cJSON_CreateNumber(*p));
+    return b;
+}
+
+static cJSON *chat_lp_entry(srv_req *r, int32_t token, float lp, const td_top_logprob *top, int n_top) {
+    char buf[800];
+    cJSON *e = cJSON_CreateObject();
+    const char *ts = token_str(r, token, buf, sizeof buf);
+    cJSON_AddStringToObject(e, "token", ts);
+    cJSON_AddNumberToObject(e, "logprob", lp);
+    cJSON_AddItemToObject(e, "bytes", bytes_of(ts));
+    cJSON *tl = cJSON_AddArrayToObject(e, "top_logprobs");
+    int want = r->api.gen.logprobs;
+    for (int k = 0; k < n_top && k < want; k++) {
+        cJSON *t = cJSON_CreateObject();
+        const char *s2 = token_str(r, top[k].token, buf, sizeof buf);
+        cJSON_AddStringToObject(t, "token", s2);
+        cJSON_AddNumberToObject(t, "logprob", top[k].logprob);
+        cJSON_AddItemToObject(t, "bytes", bytes_of(s2));
+        cJSON_AddItemToArray(tl, t);
+    }
+    return e;
+}
+
+static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *top, const char *text, bool quiet) {
+    sub *sb = &r->subs[h->sub];
+    bool want_lp = r->api.gen.logprobs >= 0;
+    char buf[800];
+    if (h->prompt && quiet) return;
+    if (h->prompt) {  // prompt logprobs (completions echo + logprobs, non-streaming only)
+        if (!sb->p_tokens) {
+            sb->p_tokens = cJSON_CreateArray();
+            sb->p_values = cJSON_CreateArray();
+            sb->p_top = cJSON_CreateArray();
+            sb->p_offsets = cJSON_CreateArray();
+        }
+        const char *ts = token_str(r, h->token, buf, sizeof buf);
+        lp_arrays_add(sb->p_tokens, sb->p_values, sb->p_top, sb->p_offsets, ts, h->has_lp, h->logprob,
+                      h->has_lp ? legacy_top(r, top, h->n_top) : NULL, sb->p_text_len);
+        sb->p_text_len += strlen(ts);
+        return;
+    }
+    if (h->index < 0 || h->index >= r->api.gen.n) return;
+    int ci = h->sub * r->api.gen.n + h->index;
+    choice *c = &r->choices[ci];
+    if (r->t_first < 0) r->t_first = h->t - r->t_arrival;
+    if (c->n_tokens > 0) {
+        double gap = h->t - c->t_last;
+        td_srv_buf_append(&r->itl, &gap, sizeof gap);
+    }
+    c->t_last = h->t;
+    c->n_tokens++;
+    if (quiet) return;
+    cJSON *lp = NULL;
+    if (want_lp) {
+        if (r->api.kind == TD_API_CHAT) {
+            cJSON *e = chat_lp_entry(r, h->token, h->logprob, top, h->n_top);
+            if (r->api.gen.stream) {
+                lp = cJSON_CreateObject();
+                cJSON *arr = cJSON_AddArrayToObject(lp, "content");
+                cJSON_AddItemToArray(arr, e);
+            } else {
+                if (!c->lp_content) c->lp_content = cJSON_CreateArray();
+                cJSON_AddItemToArray(c->lp_content, e);
+            }
+        } else {
+            const char *ts = token_str(r, h->token, buf, sizeof buf);
+            cJSON *topj = h->has_lp ? legacy_top(r, top, h->n_top < r->api.gen.logprobs ? h->n_top : r->api.gen.logprobs) : NULL;
+            size_t off = (r->api.gen.echo ? sb->prompt_text_len : 0) + c->text_offset;
+            if (r->api.gen.stream) {
+                lp = cJSON_CreateObject();
+                lp_arrays_add(cJSON_AddArrayToObject(lp, "tokens"), cJSON_AddArrayToObject(lp, "token_logprobs"),
+                              cJSON_AddArrayToObject(lp, "top_logprobs"), cJSON_AddArrayToObject(lp, "text_offset"), ts,
+                              h->has_lp, h->logprob, topj, off);
+            } else {
+                if (!c->lp_tokens) {
+                    c->lp_tokens = cJSON_CreateArray();
+                    c->lp_values = cJSON_CreateArray();
+                    c->lp_top = cJSON_CreateArray();
+                    c->lp_offsets = cJSON_CreateArray();
+                }
+                lp_arrays_add(c->lp_tokens, c->lp_values, c->lp_top, c->lp_offsets, ts, h->has_lp, h->logprob, topj, off);
+            }
+            c->text_offset += strlen(ts);
+        }
+    }
+    if (r->api.gen.stream) {
+        if (h->text_len || lp)  // held-back text (a possible stop string) makes no empty chunk
+            emit_choice_chunk(r, ci, text, h->text_len, lp, TD_FINISH_NONE, false);
+    } else
+        td_srv_buf_append(&c->text, text, h->text_len);
+}
+
+static void on_finish_event(srv_req *r, const ev_hdr *h, const char *text, bool quiet) {
+    if (h->index < 0 || h->index >= r->api.gen.n) return;
+    int ci = h->sub * r->api.gen.n + h->index;
+    choice *c = &r->choices[ci];
+    if (c->reason != TD_FINISH_NONE) return;
+    c->reason = h->reason <= TD_FINISH_ABORT ? (td_finish_reason)h->reason : TD_FINISH_STOP;
+    if (c->reason == TD_FINISH_NONE) c->reason = TD_FINISH_STOP;
+    td_srv_metrics_finish(r->srv->metrics, c->reason);
+    if (quiet) return;
+    if (r->api.gen.stream)
+        emit_choice_chunk(r, ci, text, h->text_len, NULL, c->reason, false);
+    else
+        td_srv_buf_append(&c->text, text, h->text_len);
+}
+
+static cJSON *full_response(srv_req *r) {
+    cJSON *j = chunk_base(r);
+    cJSON *arr = cJSON_AddArrayToObject(j, "choices");
+    for (int ci = 0; ci < r->n_choices; ci++) {
+        choice *c = &r->choices[ci];
+        sub *sb = &r->subs[ci / r->api.gen.n];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToArray(arr, o);
+        cJSON_AddNumberToObject(o, "index", ci);
+        td_srv_buf txt;
+        td_srv_buf_init(&txt, 0);
+        if (r->api.gen.echo && sb->prompt_text) td_srv_buf_append(&txt, sb->prompt_text, sb->prompt_text_len);
+        td_srv_buf_append(&txt, c->text.p ? c->text.p : "", c->text.len);
+        char *clean = malloc(txt.len * 3 + 8);
+        if (clean) utf8_clean(txt.p ? txt.p : "", txt.len, clean, txt.len * 3 + 8);
+        if (r->api.kind == TD_API_CHAT) {
+            cJSON *m = cJSON_AddObjectToObject(o, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddStringToObject(m, "content", clean ? clean : "");
+            if (c->lp_content) {
+                cJSON *lp = cJSON_AddObjectToObject(o, "logprobs");
+                cJSON_AddItemToObject(lp, "content", c->lp_content);
+                c->lp_content = NULL;
+            } else {
+                cJSON_AddNullToObject(o, "logprobs");
+            }
+        } else {
+            cJSON_AddStringToObject(o, "text", clean ? clean : "");
+            if (r->api.gen.logprobs >= 0) {
+                cJSON *lp = cJSON_AddObjectToObject(o, "logprobs");
+                const char *names[4] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+                cJSON **mine[4] = {&c->lp_tokens, &c->lp_values, &c->lp_top, &c->lp_offsets};
+                cJSON *pre[4] = {sb->p_tokens, sb->p_values, sb->p_top, sb->p_offsets};
+                for (int k = 0; k < 4; k++) {
+                    cJSON *a2 = cJSON_AddArrayToObject(lp, names[k]);
+                    if (r->api.gen.echo && pre[k])
+                        for (cJSON *it = pre[k]->child; it; it = it->next) cJSON_AddItemToArray(a2, cJSON_Duplicate(it, 1));
+                    if (*mine[k])
+                        for (cJSON *it = (*mine[k])->child; it; it = it->next) cJSON_AddItemToArray(a2, cJSON_Duplicate(it, 1));
+                }
+            } else {
+                cJSON_AddNullToObject(o, "logprobs");
+            }
+        }
+        free(clean);
+        td_srv_buf_free(&txt);
+        const char *fr = td_finish_reason_str(c->reason);
+        cJSON_AddStringToObject(o, "finish_reason", fr ? fr : "stop");
+    }
+    cJSON_AddItemToObject(j, "usage", usage_json(r));
+    return j;
+}
+
+static void record_metrics(srv_req *r) {
+    double e2e = td_now() - r->t_arrival;
+    int n_itl = (int)(r->itl.len / sizeof(double));
+    double tpot = -1;
+    if (r->usage_completion > 1 && r->t_first >= 0) tpot = (e2e - r->t_first) / (r->usage_completion - 1);
+    td_srv_metrics_request(r->srv->metrics, r->usage_prompt, r->usage_completion, r->t_first, e2e,
+                           (const double *)r->itl.p, n_itl, tpot);
+}
+
+// Moves queued events to the server thread and applies them. Returns true when the request is
+// complete (every sub's on_done processed). quiet: account only (client gone), produce no output.
+static bool drain_events(srv_req *r, bool quiet) {
+    pthread_mutex_lock(&r->mu);
+    td_srv_buf tmp = r->work;
+    r->work = r->events;
+    r->events = tmp;
+    r->events.len = 0;
+    pthread_mutex_unlock(&r->mu);
+    size_t off = 0;
+    while (off + sizeof(ev_hdr) <= r->work.len) {
+        ev_hdr h;
+        memcpy(&h, r->work.p + off, sizeof h);
+        off += sizeof h;
+        td_top_logprob top[TD_GEN_MAX_TOP_LOGPROBS];
+        memcpy(top, r->work.p + off, sizeof(td_top_logprob) * (size_t)h.n_top);
+        off += sizeof(td_top_logprob) * (size_t)h.n_top;
+        const char *text = r->work.p + off;
+        off += h.text_len;
+        if (h.sub < 0 || h.sub >= r->n_subs) continue;
+        switch (h.kind) {
+        case EV_TOKEN: on_token_event(r, &h, top, text, quiet); break;
+        case EV_FINISH: on_finish_event(r, &h, text, quiet); break;
+        case EV_DONE:
+            r->subs[h.sub].done = true;
+            r->n_done++;
+            r->usage_prompt += h.usage[0];
+            r->usage_completion += h.usage[1];
+            r->usage_cached += h.usage[2];
+            if (h.reason != TD_OK && !r->failed) {
+                r->failed = true;
+                r->fail_status = (td_status)h.reason;
+                snprintf(r->fail_msg, sizeof r->fail_msg, "%.*s", (int)h.text_len, text);
+            }
+            break;
+        }
+    }
+    r->work.len = 0;
+    if (r->n_done == r->n_subs && !r->finished) {
+        r->finished = true;
+        record_metrics(r);
+        if (r->api.gen.stream && !quiet) {
+            for (int ci = 0; ci < r->n_choices; ci++)  // choices the engine never finished
+                if (r->choices[ci].reason == TD_FINISH_NONE && !r->failed) {
+                    r->choices[ci].reason = TD_FINISH_ABORT;
+                    emit_choice_chunk(r, ci, NULL, 0, NULL, TD_FINISH_ABORT, false);
+                }
+            if (r->failed) {
+                td_api_error e;
+                td_api_fail(&e, 500, NULL, "%s", r->fail_msg[0] ? r->fail_msg : td_status_name(r->fail_status));
+                char *s = td_api_error_json(&e);
+                if (s) td_sse_append(&r->out, s, strlen(s));
+                free(s);
+            } else if (r->api.include_usage) {
+                cJSON *j = chunk_base(r);
+                cJSON_AddArrayToObject(j, "choices");
+                cJSON_AddItemToObject(j, "usage", usage_json(r));
+                emit_chunk(r, j);
+            }
+            td_sse_append_done(&r->out);
+        }
+    }
+    return r->finished;
+}
+
+// MHD content reader for streams.
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    srv_req *r = cls;
+    for (;;) {
+        if (r->out.len) {
+            size_t n = r->out.len < max ? r->out.len : max;
+            memcpy(buf, r->out.p, n);
+            td_srv_buf_consume(&r->out, n);
+            return (ssize_t)n;
+        }
+        if (r->finished || atomic_load(&r->srv->closing)) return MHD_CONTENT_READER_END_OF_STREAM;
+        pthread_mutex_lock(&r->mu);
+        bool empty = r->events.len == 0;
+        if (empty) {
+            r->suspended = true;
+            MHD_suspend_connection(r->conn);
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (empty) return 0;
+        drain_events(r, false);
+    }
+}
+
+static void stream_free(void *cls) { (void)cls; }  // the request is freed by completion + on_done
+
+// ---- routes ---------------------------------------------------------------------------------------
+
+static route match_route(const char *url, const char *method, bool *method_ok) {
+    static const struct {
+        const char *path, *method;
+        route r;
+    } table[] = {{"/health", "GET", R_HEALTH},           {"/v1/models", "GET", R_MODELS},
+                 {"/metrics", "GET", R_METRICS},         {"/tokenize", "POST", R_TOKENIZE},
+                 {"/detokenize", "POST", R_DETOKENIZE},  {"/v1/completions", "POST", R_COMPLETIONS},
+                 {"/v1/chat/completions", "POST", R_CHAT}};
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (strcmp(url, table[i].path) == 0) {
+            *method_ok = strcmp(method, table[i].method) == 0 ||
+                         (strcmp(table[i].method, "GET") == 0 && strcmp(method, "HEAD") == 0);
+            return table[i].r;
+        }
+    *method_ok = false;
+    return R_NONE;
+}
+
+// Tokenizes text into the arena (size-first with one retry). Returns the count or -1 (e set).
+static int tokenize_into(srv_req *r, const char *text, size_t len, bool add_special, int32_t **out, td_api_error *e) {
+    td_server *s = r->srv;
+    int cap = (int)(len < 1u << 24 ? len : 1u << 24) + 16;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int32_t *ids = td_srv_arena_alloc(r->arena, sizeof(int32_t) * (size_t)cap);
+        if (!ids) return td_api_fail(e, 500, NULL, "out of memory"), -1;
+        td_err err = {0};
+        int n = s->eng.vt->tokenize(s->eng.ctx, text, len, add_special, ids, cap, &err);
+        if (n < 0) return td_api_fail(e, 400, "prompt", "tokenization failed: %s", err.msg), -1;
+        if (n <= cap) {
+            *out = ids;
+            return n;
+        }
+        cap = n;
+    }
+    return td_api_fail(e, 500, NULL, "tokenizer returned inconsistent sizes"), -1;
+}
+
+static int render_chat(srv_req *r, const cJSON *messages, bool add_gen, bool add_special, int32_t **ids, char **text_out,
+                       td_api_error *e) {
+    td_server *s = r->srv;
+    if (!s->eng.vt->apply_chat_template) return td_api_fail(e, 501, NULL, "this model has no chat template"), -1;
+    char *text = NULL;
+    size_t len = 0;
+    td_err err = {0};
+    if (s->eng.vt->apply_chat_template(s->eng.ctx, messages, r->api.body, add_gen, &text, &len, &err) != TD_OK)
+        return td_api_fail(e, 400, "messages", "chat template: %s", err.msg), -1;
+    char *copy = td_srv_arena_strndup(r->arena, text, len);
+    free(text);
+    if (!copy) return td_api_fail(e, 500, NULL, "out of memory"), -1;
+    if (text_out) *text_out = copy;
+    return tokenize_into(r, copy, len, add_special, ids, e);
+}
+
+static enum MHD_Result route_models(srv_req *r, struct MHD_Connection *c) {
+    td_server *s = r->srv;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "object", "list");
+    cJSON *d = cJSON_AddArrayToObject(j, "data");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddItemToArray(d, m);
+    cJSON_AddStringToObject(m, "id", s->info.model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)s->info.created);
+    cJSON_AddStringToObject(m, "owned_by", "tandem");
+    cJSON_AddStringToObject(m, "root", s->info.model_name);
+    cJSON_AddNullToObject(m, "parent");
+    cJSON_AddNumberToObject(m, "max_model_len", s->info.max_model_len);
+    return send_json(r, c, 200, j);
+}
+
+static enum MHD_Result route_metrics(srv_req *r, struct MHD_Connection *c) {
+    td_server *s = r->srv;
+    td_engine_stats st = {0};
+    s->eng.vt->stats(s->eng.ctx, &st);
+    td_srv_buf b;
+    td_srv_buf_init(&b, 0);
+    bool ok = td_srv_metrics_render(s->metrics, s->info.model_name, &st, &b);
+    enum MHD_Result ret = ok ? send_body(r, c, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len)
+                             : send_err(r, c, 500, NULL, "out of memory");
+    td_srv_buf_free(&b);
+    return ret;
+}
+
+static cJSON *parse_body_object(srv_req *r, td_api_error *e) {
+    cJSON *j = cJSON_ParseWithLength(r->body.p ? r->body.p : "", r->body.len);
+    if (!j) return td_api_fail(e, 400, NULL, "the request body is not valid JSON"), NULL;
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return td_api_fail(e, 400, NULL, "the request body must be a JSON object"), NULL;
+    }
+    return j;
+}
+
+static enum MHD_Result route_tokenize(srv_req *r, struct MHD_Connection *c) {
+    td_server *s = r->srv;
+    td_api_error e;
+    cJSON *j = parse_body_object(r, &e);
+    if (!j) return send_error(r, c, &e);
+    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    const cJSON *messages = cJSON_GetObjectItemCaseSensitive(j, "messages");
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
+    const cJSON *as = cJSON_GetObjectItemCaseSensitive(j, "add_special_tokens");
+    const cJSON *agp = cJSON_GetObjectItemCaseSensitive(j, "add_generation_prompt");
+    int32_t *ids = NULL;
+    int n = -1;
+    if (model && !cJSON_IsNull(model) && (!cJSON_IsString(model) || strcmp(model->valuestring, s->info.model_name) != 0)) {
+        td_api_fail(&e, 404, "model", "The model `%.200s` does not exist.", cJSON_IsString(model) ? model->valuestring : "?");
+    } else if (as && !cJSON_IsNull(as) && !cJSON_IsBool(as)) {
+        td_api_fail(&e, 400, "add_special_tokens", "'add_special_tokens' must be a boolean");
+    } else if (agp && !cJSON_IsNull(agp) && !cJSON_IsBool(agp)) {
+        td_api_fail(&e, 400, "add_generation_prompt", "'add_generation_prompt' must be a boolean");
+    } else if (cJSON_IsString(prompt)) {
+        bool add = as && cJSON_IsBool(as) ? cJSON_IsTrue(as) : true;
+        n = tokenize_into(r, prompt->valuestring, strlen(prompt->valuestring), add, &ids, &e);
+    } else if (cJSON_IsArray(messages)) {
+        bool add = as && cJSON_IsBool(as) ? cJSON_IsTrue(as) : false;
+        bool gen = agp && cJSON_IsBool(agp) ? cJSON_IsTrue(agp) : true;
+        r->api.body = j;
+        n = render_chat(r, messages, gen, add, &ids, NULL, &e);
+    } else {
+        td_api_fail(&e, 400, prompt ? "prompt" : "messages", "give 'prompt' (a string) or 'messages' (an array)");
+    }
+    if (n < 0) {
+        cJSON_Delete(j);
+        return send_error(r, c, &e);
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "count", n);
+    cJSON_AddNumberToObject(o, "max_model_len", s->info.max_model_len);
+    cJSON *t = cJSON_AddArrayToObject(o, "tokens");
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(ids[i]));
+    cJSON_Delete(j);
+    return send_json(r, c, 200, o);
+}
+
+static enum MHD_Result route_detokenize(srv_req *r, struct MHD_Connection *c) {
+    td_server *s = r->srv;
+    td_api_error e;
+    cJSON *j = parse_body_object(r, &e);
+    if (!j) return send_error(r, c, &e);
+    const cJSON *toks = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+    int n = cJSON_IsArray(toks) ? cJSON_GetArraySize(toks) : -1;
+    int32_t *ids = n >= 0 ? td_srv_arena_alloc(r->arena, sizeof(int32_t) * (size_t)(n + 1)) : NULL;
+    bool ok = ids != NULL;
+    int i = 0;
+    for (const cJSON *it = ok ? toks->child : NULL; it; it = it->next, i++) {
+        double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
+        if (!(v >= 0 && v < s->info.vocab_size && v == (double)(int32_t)v)) {
+            ok = false;
+            break;
+        }
+        ids[i] = (int32_t)v;
+    }
+    cJSON_Delete(j);
+    if (!ok) return send_err(r, c, 400, "tokens", "'tokens' must be an array of token ids in the vocabulary");
+    td_err err = {0};
+    long len = n ? s->eng.vt->detokenize(s->eng.ctx, ids, n, NULL, 0, &err) : 0;
+    if (len < 0) return send_err(r, c, 400, "tokens", err.msg);
+    char *text = td_srv_arena_alloc(r->arena, (size_t)len + 1);
+    char *clean = td_srv_arena_alloc(r->arena, (size_t)len * 3 + 8);
+    if (!text || !clean) return send_err(r, c, 500, NULL, "out of memory");
+    if (n) s->eng.vt->detokenize(s->eng.ctx, ids, n, text, (size_t)len, &err);
+    utf8_clean(text, (size_t)len, clean, (size_t)len * 3 + 8);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "prompt", clean);
+    return send_json(r, c, 200, o);
+}
+
+// Validates, tokenizes, checks the context and submits. Returns MHD_YES after queueing an error, or
+// with the connection suspended (non-streaming) or a stream response queued.
+static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
+    td_server *s = r->srv;
+    td_api_error e;
+    td_api_limits lim = s->p.limits;
+    lim.max_model_len = s->info.max_model_len;
+    lim.vocab_size = s->info.vocab_size;
+    td_api_kind kind = r->rt == R_CHAT ? TD_API_CHAT : TD_API_COMPLETIONS;
+    if (!td_api_parse(kind, r->body.p ? r->body.p : "", r->body.len, &lim, s->info.model_name, r->arena, &r->api, &e))
+        return send_error(r, c, &e);
+    td_api_request *a = &r->api;
+    if (a->gen.stream && a->gen.echo && a->gen.logprobs >= 0)
+        return send_err(r, c, 400, "echo", "'echo' with 'logprobs' is not supported when streaming");
+    int n_subs = kind == TD_API_CHAT ? 1 : a->n_prompts;
+    r->subs = td_srv_arena_calloc(r->arena, (size_t)n_subs, sizeof *r->subs);
+    r->n_choices = n_subs * a->gen.n;
+    r->choices = calloc((size_t)r->n_choices, sizeof *r->choices);  // freed in req_free
+    td_gen_request *gens = td_srv_arena_calloc(r->arena, (size_t)n_subs, sizeof *gens);
+    if (!r->subs || !r->choices || !gens) return send_err(r, c, 500, NULL, "out of memory");
+    r->n_subs = n_subs;
+    for (int i = 0; i < n_subs; i++) {
+        sub *sb = &r->subs[i];
+        sb->req = r;
+        sb->idx = i;
+        int32_t *ids = NULL;
+        int n = 0;
+        if (kind == TD_API_CHAT) {
+            char *text = NULL;
+            n = render_chat(r, a->messages, a->add_generation_prompt, a->add_special_tokens, &ids, &text, &e);
+        } else if (a->prompts[i].ids) {
+            ids = (int32_t *)a->prompts[i].ids;
+            n = a->prompts[i].n_ids;
+            sb->prompt_text = NULL;
+            if (a->gen.echo) {
+                td_err err = {0};
+                long len = s->eng.vt->detokenize(s->eng.ctx, ids, n, NULL, 0, &err);
+                char *t = len >= 0 ? td_srv_arena_alloc(r->arena, (size_t)len + 1) : NULL;
+                if (t) {
+                    s->eng.vt->detokenize(s->eng.ctx, ids, n, t, (size_t)len, &err);
+                    sb->prompt_text = t;
+                    sb->prompt_text_len = (size_t)len;
+                }
+            }
+        } else {
+            n = tokenize_into(r, a->prompts[i].text, a->prompts[i].text_len, a->add_special_tokens, &ids, &e);
+            sb->prompt_text = a->prompts[i].text;
+            sb->prompt_text_len = a->prompts[i].text_len;
+        }
+        if (n < 0) return send_error(r, c, &e);
+        if (n == 0) return send_err(r, c, 400, kind == TD_API_CHAT ? "messages" : "prompt", "the prompt is empty");
+        int max_len = s->info.max_model_len;
+        int want = a->has_max_tokens ? a->gen.max_tokens : 1;
+        if (max_len > 0 && (long)n + want > max_len) {
+            td_api_fail(&e, 400, a->has_max_tokens ? "max_tokens" : (kind == TD_API_CHAT ? "messages" : "prompt"),
+                        "This model's maximum context length is %d tokens. However, you requested %ld tokens (%d in the "
+                        "%s, %d in the completion). Please reduce the length of the %s or completion.",
+                        max_len, (long)n + want, n, kind == TD_API_CHAT ? "messages" : "prompt", want,
+                        kind == TD_API_CHAT ? "messages" : "prompt");
+            return send_error(r, c, &e);
+        }
+        gens[i] = a->gen;
+        gens[i].prompt = ids;
+        gens[i].n_prompt = n;
+        gens[i].max_tokens = a->has_max_tokens ? a->gen.max_tokens : (max_len > 0 ? max_len - n : 16);
+        gens[i].id = atomic_fetch_add(&s->next_id, 1);
+        gens[i].model = s->info.model_name;
+        sb->n_prompt = n;
+    }
+    r->created = (int64_t)time(NULL);
+    snprintf(r->id, sizeof r->id, "%s-%016llx", kind == TD_API_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)gens[0].id);
+    // Submit every sub request. Each accepted one holds a reference until its on_done.
+    for (int i = 0; i < n_subs; i++) {
+        sub *sb = &r->subs[i];
+        td_gen_sink sink = *sink_table();
+        sink.ctx = sb;
+        pthread_mutex_lock(&r->mu);
+        r->refs++;
+        pthread_mutex_unlock(&r->mu);
+        pthread_mutex_lock(&s->mu);
+        s->n_live++;
+        pthread_mutex_unlock(&s->mu);
+        td_err err = {0};
+        td_status st = s->eng.vt->submit(s->eng.ctx, &gens[i], &sink, &sb->h, &err);
+        if (st != TD_OK) {
+            pthread_mutex_lock(&r->mu);
+            r->refs--;
+            pthread_mutex_unlock(&r->mu);
+            pthread_mutex_lock(&s->mu);
+            s->n_live--;
+            pthread_mutex_unlock(&s->mu);
+            for (int k = 0; k < i; k++) s->eng.vt->cancel(s->eng.ctx, r->subs[k].h);
+            // The already-submitted subs finish (aborted) and drop their references; the error goes out now.
+            r->n_subs = i;
+            r->n_done = 0;
+            r->api.gen.stream = false;
+            r->finished = true;  // nothing more to send
+            return send_err(r, c, st == TD_ERR_LIMIT ? 503 : 500, NULL, err.msg[0] ? err.msg : "the engine refused the request");
+        }
+        sb->submitted = true;
+    }
+    pthread_mutex_lock(&s->mu);
+    r->next = s->live;
+    if (s->live) s->live->prev = r;
+    s->live = r;
+    pthread_mutex_unlock(&s->mu);
+
+    if (a->gen.stream) {
+        if (kind == TD_API_CHAT)
+            for (int ci = 0; ci < r->n_choices; ci++) emit_choice_chunk(r, ci, "", 0, NULL, TD_FINISH_NONE, true);
+        else if (a->gen.echo)
+            for (int ci = 0; ci < r->n_choices; ci++) {
+                sub *sb = &r->subs[ci / a->gen.n];
+                emit_choice_chunk(r, ci, sb->prompt_text, sb->prompt_text_len, NULL, TD_FINISH_NONE, false);
+            }
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, r, stream_free);
+        if (!resp) return MHD_NO;
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        r->response_queued = true;
+        td_srv_metrics_http(s->metrics, 200);
+        return ret;
+    }
+    // Non-streaming: wait suspended until every sub is done (see handler re-entry).
+    pthread_mutex_lock(&r->mu);
+    bool have_done = false;
+    if (!have_done) {
+        r->suspended = true;
+        MHD_suspend_connection(c);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return MHD_YES;
+}
+
+// Non-streaming re-entry after resume.
+static enum MHD_Result generate_resume(srv_req *r, struct MHD_Connection *c) {
+    if (drain_events(r, false)) {
+        if (r->failed) {
+            td_api_error e;
+            td_api_fail(&e, r->fail_status == TD_ERR_LIMIT ? 503 : 500, NULL, "%s",
+                        r->fail_msg[0] ? r->fail_msg : td_status_name(r->fail_status));
+            return send_error(r, c, &e);
+        }
+        return send_json(r, c, 200, full_response(r));
+    }
+    if (atomic_load(&r->srv->closing)) return send_err(r, c, 503, NULL, "the server is shutting down");
+    pthread_mutex_lock(&r->mu);
+    bool empty = r->events.len == 0;
+    if (empty) {
+        r->suspended = true;
+        MHD_suspend_connection(c);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!empty) return generate_resume(r, c);
+    return MHD_YES;
+}
+
+// ---- MHD callbacks --------------------------------------------------------------------------------
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    td_server *s = cls;
+    srv_req *r = *con_cls;
+    if (!r) {
+        r = calloc(1, sizeof *r);
+        if (!r) return MHD_NO;
+        r->srv = s;
+        r->conn = c;
+        r->refs = 1;
+        r->t_arrival = td_now();
+        r->t_first = -1;
+        pthread_mutex_init(&r->mu, NULL);
+        td_srv_buf_init(&r->body, s->p.max_body_bytes);
+        r->arena = td_srv_arena_create(4096);
+        pthread_mutex_lock(&s->mu);
+        s->n_alloc++;
+        pthread_mutex_unlock(&s->mu);
+        *con_cls = r;
+        if (!r->arena) return MHD_NO;
+        bool method_ok;
+        r->rt = match_route(url, method, &method_ok);
+        if (r->rt == R_NONE) return send_err(r, c, 404, NULL, "Not Found");
+        if (!method_ok) return send_err(r, c, 405, NULL, "Method Not Allowed");
+        if (atomic_load(&s->stopping)) return send_err(r, c, 503, NULL, "the server is shutting down");
+        if (atomic_load(&s->open_conns) > s->p.max_connections)
+            return send_err(r, c, 503, NULL, "too many connections; retry later");
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > s->p.max_body_bytes) {
+            r->body_too_large = true;
+            return send_err(r, c, 413, NULL, "the request body is larger than the limit");
+        }
+        return MHD_YES;
+    }
+    if (r->response_queued) {  // an early error was queued: swallow the rest of the body
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        // Past the limit: drop the rest (MHD accepts a response only once the upload is complete).
+        if (!r->body_too_large && !td_srv_buf_append(&r->body, upload, *upload_size)) {
+            r->body_too_large = true;
+            td_srv_buf_free(&r->body);
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (r->body_too_large) return send_err(r, c, 413, NULL, "the request body is larger than the limit");
+    if (r->n_subs) return generate_resume(r, c);  // woken up after submit
+    switch (r->rt) {
+    case R_HEALTH: return send_body(r, c, 200, "application/json", "", 0);
+    case R_MODELS: return route_models(r, c);
+    case R_METRICS: return route_metrics(r, c);
+    case R_TOKENIZE: return route_tokenize(r, c);
+    case R_DETOKENIZE: return route_detokenize(r, c);
+    case R_COMPLETIONS:
+    case R_CHAT: return route_generate(r, c);
+    default: return send_err(r, c, 404, NULL, "Not Found");
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    td_server *s = cls;
+    srv_req *r = *con_cls;
+    if (!r) return;
+    *con_cls = NULL;
+    pthread_mutex_lock(&r->mu);
+    r->client_gone = true;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&s->mu);
+    if (r->prev || r->next || s->live == r) {
+        if (r->prev) r->prev->next = r->next;
+        else s->live = r->next;
+        if (r->next) r->next->prev = r->prev;
+        r->prev = r->next = NULL;
+    }
+    pthread_mutex_unlock(&s->mu);
+    // Engine work still open (client gone, error, timeout): cancel it; on_done drops its references.
+    for (int i = 0; i < r->n_subs; i++)
+        if (r->subs[i].submitted && !r->subs[i].done) s->eng.vt->cancel(s->eng.ctx, r->subs[i].h);
+    req_unref(r);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx, enum MHD_ConnectionNotificationCode t) {
+    td_server *s = cls;
+    if (t == MHD_CONNECTION_NOTIFY_STARTED)
+        atomic_fetch_add(&s->open_conns, 1);
+    else
+        atomic_fetch_sub(&s->open_conns, 1);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    char buf[512];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    TD_LOGD("http: %s", buf);
+}
+
+td_server *td_server_start(const td_server_params *p, td_engine engine, td_err *err) {
+    if (!engine.vt || !engine.vt->submit || !engine.vt->cancel || !engine.vt->stats || !engine.vt->info ||
+        !engine.vt->tokenize || !engine.vt->detokenize) {
+        td_err_set(err, TD_ERR_INVALID, "serve: the engine interface lacks a required method");
+        return NULL;
+    }
+    td_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        td_err_set(err, TD_ERR_NOMEM, "serve: out of memory");
+        return NULL;
+    }
+    s->p = *p;
+    if (!s->p.host) s->p.host = "127.0.0.1";
+    if (s->p.max_connections <= 0) s->p.max_connections = 1024;
+    s->eng = engine;
+    engine.vt->info(engine.ctx, &s->info);
+    if (!s->info.model_name) s->info.model_name = "tandem";
+    pthread_mutex_init(&s->mu, NULL);
+    atomic_init(&s->open_conns, 0);
+    atomic_init(&s->stopping, false);
+    atomic_init(&s->closing, false);
+    atomic_init(&s->next_id, ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid());
+    s->metrics = td_srv_metrics_create();
+    struct sockaddr_in addr = {0};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)p->port);
+    if (!s->metrics || inet_pton(AF_INET, s->p.host, &addr.sin_addr) != 1) {
+        td_err_set(err, TD_ERR_INVALID, "serve: bad host '%s' (an IPv4 address)", s->p.host);
+        td_srv_metrics_free(s->metrics);
+        free(s);
+        return NULL;
+    }
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    s->mhd = MHD_start_daemon(
+        flags, (uint16_t)p->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->p.max_connections + RESERVE_CONNECTIONS),
+        MHD_OPTION_CONNECTION_TIMEOUT, s->p.idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)(s->p.max_header_bytes ? s->p.max_header_bytes : 32u << 10), MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+    if (!s->mhd) {
+        td_err_set(err, TD_ERR_IO, "serve: cannot listen on %s:%d (%s)", s->p.host, p->port, strerror(errno));
+        td_srv_metrics_free(s->metrics);
+        free(s);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : p->port;
+    return s;
+}
+
+int td_server_port(const td_server *s) { return s->port; }
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int td_server_stop(td_server *s, int grace_ms) {
+    if (!s) return 0;
+    atomic_store(&s->stopping, true);
+    MHD_socket lfd = MHD_quiesce_daemon(s->mhd);  // stops accepting; open connections go on
+    if (lfd != MHD_INVALID_SOCKET) close(lfd);     // the socket is now ours to close
+    double end = td_now() + grace_ms / 1000.0;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        int live = s->n_live;
+        pthread_mutex_unlock(&s->mu);
+        if (live == 0 || td_now() >= end) break;
+        sleep_ms(5);
+    }
+    int cancelled = 0;
+    pthread_mutex_lock(&s->mu);
+    for (srv_req *r = s->live; r; r = r->next)
+        for (int i = 0; i < r->n_subs; i++)
+            if (r->subs[i].submitted) {
+                s->eng.vt->cancel(s->eng.ctx, r->subs[i].h);
+                cancelled++;
+            }
+    pthread_mutex_unlock(&s->mu);
+    // Let the aborted streams deliver their last chunks (bounded).
+    end = td_now() + 2.0;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        int live = s->n_live;
+        pthread_mutex_unlock(&s->mu);
+        if (live == 0 || td_now() >= end) break;
+        sleep_ms(5);
+    }
+    // MHD refuses to stop with suspended connections: wake whatever still waits on the engine.
+    atomic_store(&s->closing, true);
+    pthread_mutex_lock(&s->mu);
+    for (srv_req *r = s->live; r; r = r->next) {
+        pthread_mutex_lock(&r->mu);
+        if (r->suspended && !r->client_gone) {
+            r->suspended = false;
+            MHD_resume_connection(r->conn);
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    sleep_ms(50);
+    MHD_stop_daemon(s->mhd);
+    pthread_mutex_lock(&s->mu);
+    int left = s->n_alloc;
+    s->zombie = left > 0;  // the engine still holds requests that point at s: the last one frees it
+    pthread_mutex_unlock(&s->mu);
+    if (left) {
+        TD_LOGW("serve: %d requests still held by the engine at shutdown", left);
+        return cancelled;
+    }
+    server_free(s);
+    return cancelled;
+}
+
+#endif  // TANDEM_HAVE_MHD

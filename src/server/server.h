@@ -1,0 +1,42 @@
+// `tandem serve`'s HTTP server: OpenAI-compatible routes over libmicrohttpd (one internal epoll thread,
+// streaming through suspend/resume, so open streams cost no threads), talking to an engine only
+// through td_engine (serve_engine.h). Not the engine, not the signal handling (the serve command
+// catches SIGTERM and calls td_server_stop), not TLS or auth.
+#ifndef TD_SERVER_SERVER_H
+#define TD_SERVER_SERVER_H
+
+#include <stddef.h>
+#include "base/status.h"
+#include "server/openai.h"
+#include "server/serve_engine.h"
+
+typedef struct td_server_params {
+    const char *host;           // IPv4 address to bind; default "127.0.0.1"
+    int port;                   // 0: any free port (read it back with td_server_port)
+    int max_connections;        // connections served at once; up to 16 more get a 503 JSON error,
+                                //   beyond that the socket is closed at accept (default 1024)
+    size_t max_body_bytes;      // request body; beyond: 413 (default 8 MiB)
+    size_t max_header_bytes;    // request line + headers per connection; beyond: 431/414 (default 32 KiB)
+    unsigned idle_timeout_s;    // idle connection timeout, seconds (default 600; 0 = none). Suspended
+                                //   connections (waiting on the engine) do not time out.
+    td_api_limits limits;       // max_n etc.; max_model_len and vocab_size are taken from the engine
+} td_server_params;
+
+td_server_params td_server_default_params(void);
+
+typedef struct td_server td_server;
+
+// Starts listening and serving on MHD's own thread. The engine must outlive the server (stop the
+// server first). Returns NULL with err set when MHD is unavailable or the bind fails.
+td_server *td_server_start(const td_server_params *p, td_engine engine, td_err *err);
+
+int td_server_port(const td_server *s);
+
+// Stops accepting new connections, lets in-flight requests finish for up to grace_ms, cancels the rest
+// through the engine and waits (bounded) for their last events, then stops MHD and frees the server.
+// Returns the number of requests it had to cancel. Safe to call from any thread but the server's own.
+// If the engine still holds requests after the bounded waits, their memory (and the server's) is
+// freed when the engine's last on_done arrives; the engine must still deliver those on_done calls.
+int td_server_stop(td_server *s, int grace_ms);
+
+#endif

@@ -1,0 +1,72 @@
+// dtype conversions: f16 both ways against the compiler's _Float16 (exhaustive down, sampled up),
+// bf16 rounding, and Q8_0/Q4_0 round trips within their quantization step.
+#include <stdint.h>
+#include <string.h>
+
+#include "tensor/dtype.h"
+#include "test_util.h"
+
+int main(void) {
+#ifdef __FLT16_MAX__
+    long bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        _Float16 v;
+        uint16_t hh = (uint16_t)h;
+        memcpy(&v, &hh, 2);
+        float want = (float)v, got = td_f16_to_f32(hh);
+        if (memcmp(&want, &got, 4) && !(want != want && got != got)) bad++;
+    }
+    CHECK(bad == 0, "%ld f16 -> f32 mismatches", bad);
+    bad = 0;
+    for (uint64_t u = 0; u < (1ull << 32); u += 4099) {
+        uint32_t uu = (uint32_t)u;
+        float f;
+        memcpy(&f, &uu, 4);
+        if (f != f) continue;
+        _Float16 v = (_Float16)f;
+        uint16_t want;
+        memcpy(&want, &v, 2);
+        if (want != td_f32_to_f16(f)) bad++;
+    }
+    CHECK(bad == 0, "%ld f32 -> f16 mismatches", bad);
+#endif
+    // bf16: round to nearest even at the 16-bit boundary.
+    float x;
+    uint32_t u = 0x3f808000u;  // exactly half way between two bf16 values, even below
+    memcpy(&x, &u, 4);
+    CHECK(td_f32_to_bf16(x) == 0x3f80, "bf16 tie to even: %04x", td_f32_to_bf16(x));
+    u = 0x3f818000u;  // half way, odd below: rounds up
+    memcpy(&x, &u, 4);
+    CHECK(td_f32_to_bf16(x) == 0x3f82, "bf16 tie up: %04x", td_f32_to_bf16(x));
+    CHECK(td_bf16_to_f32(0x3f80) == 1.0f, "bf16 1.0");
+
+    // Quantized round trips: every element within half a step of its block scale (Q4_0: a full step
+    // where the value exceeds 7.5 steps and is clamped to 7, as in ggml).
+    enum { N = 32 * 9 };
+    float src[N], back[N];
+    uint32_t s = 12345;
+    for (int i = 0; i < N; i++) {
+        s = s * 1664525u + 1013904223u;
+        src[i] = ((float)(s >> 8) / (1 << 24) - 0.5f) * (i < 32 ? 0.0f : (float)(i % 7 + 1));
+    }
+    td_block_q8_0 q8[N / 32];
+    td_block_q4_0 q4[N / 32];
+    td_from_f32(TD_Q8_0, src, q8, N);
+    td_to_f32(TD_Q8_0, q8, back, N);
+    for (int b = 0; b < N / 32; b++) {
+        float d = td_f16_to_f32(q8[b].d);
+        for (int j = 0; j < 32; j++)
+            CHECK(fabsf(back[b * 32 + j] - src[b * 32 + j]) <= 0.5f * d + 1e-3f * fabsf(src[b * 32 + j]) + 1e-7f,
+                  "q8_0 element %d", b * 32 + j);
+    }
+    td_from_f32(TD_Q4_0, src, q4, N);
+    td_to_f32(TD_Q4_0, q4, back, N);
+    for (int b = 0; b < N / 32; b++) {
+        float d = fabsf(td_f16_to_f32(q4[b].d));
+        for (int j = 0; j < 32; j++)
+            CHECK(fabsf(back[b * 32 + j] - src[b * 32 + j]) <= (src[b * 32 + j] / td_f16_to_f32(q4[b].d) > 7.5f ? 1.0f : 0.5f) * d + 2e-3f * fabsf(src[b * 32 + j]) + 1e-7f,
+                  "q4_0 element %d", b * 32 + j);
+    }
+    CHECK(td_row_bytes(TD_Q4_0, 64) == 36 && td_row_bytes(TD_Q8_0, 33) == 0, "row bytes");
+    TEST_DONE();
+}
