@@ -1,6 +1,10 @@
 // Chat templates: a Jinja engine for the `chat_template` of tokenizer_config.json, written to render
 // byte-identically to @huggingface/jinja (the engine of transformers.js), quirks included.
 // It is not full Jinja2: no autoescape, no inheritance/include, no user-supplied filters or tests.
+// Known differences from the original: `**` with non-integer or huge results may differ in the last
+// digit (V8 uses fdlibm's pow, we use libm's); tojson(sort_keys=true) orders keys by UTF-16 code units
+// where JS uses localeCompare; strftime_now() uses the C library's local time; a lone UTF-16
+// surrogate (e.g. from indexing into an emoji) is emitted as its 3-byte encoding.
 #ifndef TD_TOKENIZER_CHAT_TEMPLATE_H
 #define TD_TOKENIZER_CHAT_TEMPLATE_H
 
