@@ -22,8 +22,11 @@ typedef struct td_chat_template_limits {
     size_t max_output;  // bytes of rendered text
     size_t max_memory;  // bytes of scratch memory (strings, lists, scopes) per render
     size_t max_steps;   // evaluated nodes per render (bounds loops)
-    int max_depth;      // nested evaluation depth (macro recursion, deep expressions)
+    int max_depth;      // nested evaluation depth (macro recursion, deep expressions); the default
+                        // (400) needs about 256 KiB of thread stack in an optimised build
 } td_chat_template_limits;
+
+// Defaults: 64 MiB output, 512 MiB scratch, 50M steps, depth 400.
 
 td_chat_template_limits td_chat_template_default_limits(void);
 
