@@ -1,0 +1,94 @@
+// Tokenizers: byte-level BPE (GPT-2, Llama 3, Qwen2/3) and SentencePiece-style BPE with byte
+// fallback (Llama 2, Mistral), loaded from Hugging Face tokenizer.json or GGUF metadata, with
+// encode/decode matching HF `tokenizers` and an incremental detokenizer for streaming.
+// Not here: chat templates (chat_template.h renders them), BPE training, WordPiece/Unigram models.
+//
+// Thread safety: a loaded td_tokenizer is immutable; encode/decode on a const tokenizer may run
+// from many threads at once (all scratch state is per call). No globals, no caches.
+#ifndef TD_TOKENIZER_TOKENIZER_H
+#define TD_TOKENIZER_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "base/status.h"
+
+typedef struct td_tokenizer td_tokenizer;
+typedef struct td_gguf td_gguf;
+
+// A growable id list. Zero-initialise ({0}) before first use; encode appends after clearing n.
+// The caller owns ids and frees them with td_tokens_free (safe on a zeroed struct).
+typedef struct td_tokens {
+    int32_t *ids;
+    size_t n, cap;  // tokens
+} td_tokens;
+
+void td_tokens_free(td_tokens *t);
+
+// Loads from `path`: a directory holding tokenizer.json (and optionally tokenizer_config.json),
+// a tokenizer.json file (tokenizer_config.json beside it is read if present), or a .gguf file
+// (vocab from tokenizer.ggml.*). On failure *out is NULL and err names the file and the problem.
+td_status td_tokenizer_load(const char *path, td_tokenizer **out, td_err *err);
+
+// Builds from in-memory tokenizer.json text (`json`, len bytes, need not be NUL-terminated) and an
+// optional tokenizer_config.json (config_json may be NULL). `what` names the source in errors.
+// Nothing of the buffers is kept.
+td_status td_tokenizer_from_json(const char *json, size_t len, const char *config_json,
+                                 size_t config_len, const char *what, td_tokenizer **out,
+                                 td_err *err);
+
+// Builds from GGUF metadata: tokenizer.ggml.model "gpt2" (byte-level BPE: tokens, merges, pre)
+// or "llama" (SentencePiece: tokens, scores, token_type; merges by score as llama.cpp does).
+// Copies everything it needs; g may be closed afterwards.
+td_status td_tokenizer_from_gguf(const td_gguf *g, td_tokenizer **out, td_err *err);
+
+void td_tokenizer_free(td_tokenizer *t);
+
+int td_tokenizer_vocab_size(const td_tokenizer *t);  // max id + 1 (model vocab + added tokens)
+int td_tokenizer_bos_id(const td_tokenizer *t);      // -1 if none
+int td_tokenizer_eos_id(const td_tokenizer *t);      // -1 if none
+const char *td_tokenizer_bos_token(const td_tokenizer *t);  // NULL if none; owned by t
+const char *td_tokenizer_eos_token(const td_tokenizer *t);  // NULL if none; owned by t
+// Whether add_bos_token was set (tokenizer_config.json or GGUF); informational for templates.
+bool td_tokenizer_add_bos(const td_tokenizer *t);
+bool td_tokenizer_is_special(const td_tokenizer *t, int32_t id);  // false for out-of-range ids
+// The chat template string (tokenizer_config.json "chat_template" or tokenizer.chat_template),
+// NULL if none; owned by t.
+const char *td_tokenizer_chat_template(const td_tokenizer *t);
+// Looks up a token by its exact vocabulary spelling (as in tokenizer.json, e.g. "Ġthe", "▁the",
+// "<|im_end|>"); -1 if absent.
+int32_t td_tokenizer_token_id(const td_tokenizer *t, const char *piece, size_t len);
+// Writes the vocabulary spelling of `id` (NUL-terminated, truncated to cap) into buf and returns
+// its full length in bytes, or -1 for an unknown id.
+int td_tokenizer_id_to_piece(const td_tokenizer *t, int32_t id, char *buf, size_t cap);
+
+// Encodes UTF-8 text like HF `tokenizer.encode(text, add_special_tokens=add_special).ids`:
+// added/special tokens are split out first, then normalizer, pre-tokenizer, BPE, and (with
+// add_special) the post-processor's BOS/EOS. Invalid UTF-8 in the input is replaced by U+FFFD per
+// maximal ill-formed subsequence (the WHATWG/Unicode practice that JS and Rust use) before
+// anything else. out->n is reset; ids are appended. TD_ERR_NOMEM on allocation failure.
+td_status td_tokenizer_encode(const td_tokenizer *t, const char *text, size_t len, bool add_special,
+                              td_tokens *out, td_err *err);
+
+// Decodes like HF `tokenizer.decode(ids, skip_special_tokens=skip_special)`. Ids outside the
+// vocabulary are skipped, as HF does. *out is malloc'd and NUL-terminated (len excludes the NUL);
+// the caller frees it.
+td_status td_tokenizer_decode(const td_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
+                              char **out, size_t *len, td_err *err);
+
+// Incremental detokenizer for streaming. Push ids one at a time; each push returns the text that
+// became final (never a partial UTF-8 character; possibly empty). td_detok_flush returns the rest.
+// The concatenation of all pushes and the flush equals td_tokenizer_decode of the same ids.
+// Held back: an incomplete UTF-8 tail (byte-level) or a run of byte-fallback tokens (SentencePiece,
+// since HF turns the whole run into U+FFFDs if any byte of it is invalid).
+typedef struct td_detok td_detok;
+// t must outlive the detok. Returns NULL on allocation failure.
+td_detok *td_detok_new(const td_tokenizer *t, bool skip_special);
+void td_detok_free(td_detok *d);
+void td_detok_reset(td_detok *d);
+// Returned text is owned by d and valid until the next call on d; *len is set (bytes) and the
+// text is NUL-terminated. Returns NULL only on allocation failure.
+const char *td_detok_push(td_detok *d, int32_t id, size_t *len);
+const char *td_detok_flush(td_detok *d, size_t *len);
+
+#endif
