@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "base/file.h"
 #include "test_util.h"
@@ -337,6 +339,39 @@ static void test_prepare_tokenizer(void) {
     free(brown);
 }
 
+// The command line, when the tandem binary is built (TANDEM_BIN, set by ctest): tokenizer train
+// then data prepare on a slice of Brown text, and usage errors exit 2.
+static void test_cli(void) {
+    const char *bin = getenv("TANDEM_BIN");
+    if (!bin || !*bin) {
+        printf("TANDEM_BIN not set: command-line checks skipped\n");
+        return;
+    }
+    CHECK(access(bin, X_OK) == 0, "TANDEM_BIN=%s is not executable", bin);
+    char d[1200], cmd[9000];
+    snprintf(d, sizeof d, "%s/cli", dir);
+    mkdir(d, 0755);
+    snprintf(cmd, sizeof cmd,
+             "head -c 100000 '%s/brown.txt' > '%s/in.txt' && '%s' tokenizer train --vocab-size 400 --special '<|x|>' "
+             "--out '%s/tok' '%s/in.txt' && '%s' data prepare --tokenizer '%s/tok' --out '%s' --docs line "
+             "--val-fraction 0.1 --split tokens '%s/in.txt'",
+             td_test_data_dir(), d, bin, d, d, bin, d, d, d);
+    CHECK(system(cmd) == 0, "command failed: %s", cmd);
+    char p[1300];
+    snprintf(p, sizeof p, "%s/data-train-000000.tdsh", d);
+    td_shard *s = NULL;
+    td_err err = {0};
+    CHECK(td_shard_open(p, &s, &err) == TD_OK && td_shard_vocab(s) == 400 && td_shard_tokens(s) > 10000,
+          "CLI shard: %s", err.msg);
+    td_shard_close(s);
+    snprintf(cmd, sizeof cmd, "'%s' data prepare --out x >/dev/null 2>&1", bin);
+    int rc = system(cmd);
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "usage error exit %d", rc);
+    snprintf(cmd, sizeof cmd, "'%s' tokenizer train --vocab-size 12 --out x y >/dev/null 2>&1", bin);
+    rc = system(cmd);
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "usage error exit %d", rc);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "%s/test_shards", td_test_data_dir());
     rm_dir(dir);
@@ -347,6 +382,7 @@ int main(void) {
     test_prepare_fake();
     test_split();
     test_prepare_tokenizer();
+    test_cli();
     rm_dir(dir);
     TEST_DONE();
 }
