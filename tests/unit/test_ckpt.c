@@ -184,7 +184,7 @@ static void test_directory(void) {
     CHECK(strstr(err.msg, "ckpt-000400.tdck") && strstr(err.msg, "checksum"), "message: %s", err.msg);
 }
 
-// A child writes a 64 MiB checkpoint; the parent SIGKILLs it once the temporary file has grown.
+// A child writes a 256 MiB checkpoint; the parent SIGKILLs it once the temporary file has grown.
 static void test_kill9(void) {
     char d[1100], p[1200], tmp[1300];
     snprintf(d, sizeof d, "%s/kill", dir);
@@ -194,11 +194,18 @@ static void test_kill9(void) {
     snprintf(tmp, sizeof tmp, "%s.tmp", p);
     pid_t pid = fork();
     if (pid == 0) {
-        size_t nb = 64u << 20;
+        // 16 tensors sharing one 16 MiB buffer: a 256 MiB file, far longer to write than the
+        // parent's 1 ms polling interval, so the kill lands mid-write even on a loaded machine.
+        size_t nb = 16u << 20;
         uint8_t *big = malloc(nb);
         for (size_t i = 0; i < nb; i++) big[i] = (uint8_t)(i * 2654435761u >> 13);
-        td_ckpt_tensor t = {"big", TD_F32, 1, {(int64_t)(nb / 4)}, big, nb};
-        td_ckpt_dir_save(d, 2, &t, 1, "{\"step\":2}", 3, NULL, 0, NULL);
+        td_ckpt_tensor t[16];
+        char names[16][16];
+        for (int i = 0; i < 16; i++) {
+            snprintf(names[i], sizeof names[i], "big.%d", i);
+            t[i] = (td_ckpt_tensor){names[i], TD_F32, 1, {(int64_t)(nb / 4)}, big, nb};
+        }
+        td_ckpt_dir_save(d, 2, t, 16, "{\"step\":2}", 3, NULL, 0, NULL);
         _exit(0);
     }
     int killed_mid_write = 0;
