@@ -1,6 +1,9 @@
 // Seeded, resumable window loader over token shards (behaviour documented in loader.h).
 #include "train/loader.h"
 
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,3 +151,35 @@ td_status td_loader_seek(td_loader *l, const td_loader_pos *pos, td_err *err) {
 uint64_t td_loader_windows(const td_loader *l) { return l->W; }
 uint64_t td_loader_steps_per_epoch(const td_loader *l) { return l->W / ((uint64_t)l->p.B * (uint64_t)l->p.world); }
 int td_loader_vocab(const td_loader *l) { return td_shard_vocab(l->shards[0]); }
+
+int td_loader_pos_format(const td_loader_pos *pos, char *buf, size_t cap) {
+    return snprintf(buf, cap, "{\"epoch\":%" PRIu64 ",\"index\":%" PRIu64 ",\"rng\":\"%016" PRIx64 "\"}",
+                    pos->epoch, pos->index, pos->rng);
+}
+
+static int get_u53(const cJSON *o, const char *key, uint64_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9007199254740992.0 ||
+        v->valuedouble != (double)(uint64_t)v->valuedouble)
+        return 0;
+    *out = (uint64_t)v->valuedouble;
+    return 1;
+}
+
+td_status td_loader_pos_parse(const char *json, td_loader_pos *out, td_err *err) {
+    cJSON *o = cJSON_Parse(json);
+    td_status st = TD_OK;
+    const cJSON *r = o ? cJSON_GetObjectItemCaseSensitive(o, "rng") : NULL;
+    char *end = NULL;
+    if (!cJSON_IsObject(o))
+        st = td_err_set(err, TD_ERR_FORMAT, "loader position: not a JSON object");
+    else if (!get_u53(o, "epoch", &out->epoch))
+        st = td_err_set(err, TD_ERR_FORMAT, "loader position: missing or bad \"epoch\"");
+    else if (!get_u53(o, "index", &out->index))
+        st = td_err_set(err, TD_ERR_FORMAT, "loader position: missing or bad \"index\"");
+    else if (!cJSON_IsString(r) || strlen(r->valuestring) != 16 ||
+             (out->rng = strtoull(r->valuestring, &end, 16), *end))
+        st = td_err_set(err, TD_ERR_FORMAT, "loader position: missing or bad \"rng\" (16 hex digits)");
+    cJSON_Delete(o);
+    return st;
+}

@@ -13,6 +13,7 @@
 #define TD_TRAIN_LOADER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include "base/status.h"
 
@@ -51,6 +52,14 @@ td_loader_pos td_loader_tell(const td_loader *l);
 // Continues from a saved position (same paths, B, T, seed, world). TD_ERR_INVALID if the position
 // cannot come from this configuration.
 td_status td_loader_seek(td_loader *l, const td_loader_pos *pos, td_err *err);
+
+// The position as a JSON object for checkpoint metadata: {"epoch":E,"index":I,"rng":"<16 hex>"}
+// (rng as a string: it does not fit a JSON double). Writes at most cap bytes incl. the NUL and
+// returns the full length (snprintf convention).
+int td_loader_pos_format(const td_loader_pos *pos, char *buf, size_t cap);
+// Parses that object (json: NUL-terminated text of exactly such an object, other keys ignored).
+// TD_ERR_FORMAT naming the missing or malformed field.
+td_status td_loader_pos_parse(const char *json, td_loader_pos *out, td_err *err);
 
 uint64_t td_loader_windows(const td_loader *l);           // per epoch, all shards
 uint64_t td_loader_steps_per_epoch(const td_loader *l);   // floor(windows / (B * world))
