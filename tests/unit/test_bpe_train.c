@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "base/file.h"
 #include "test_util.h"
@@ -264,6 +265,22 @@ int main(void) {
         }
         check_against_reference("ref_ab", ab, n, 700, 1);
         check_against_hf(brown, blen);
+        // Speed guard: the whole Brown corpus to 4000 tokens must take seconds, not minutes (an
+        // accidental full recount per merge would take minutes). Release build: ~0.15 s.
+        td_bpe_params p = td_bpe_default_params();
+        p.vocab_size = 4000;
+        td_bpe_trainer *t = NULL;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        CHECK(td_bpe_trainer_new(&p, &t, &err) == TD_OK && td_bpe_feed(t, brown, blen, &err) == TD_OK &&
+                  td_bpe_train(t, &err) == TD_OK,
+              "brown 4000: %s", err.msg);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        CHECK(t && td_bpe_vocab_size(t) == 4000, "brown vocab %d", t ? td_bpe_vocab_size(t) : -1);
+        CHECK(dt < 30, "training 4000 tokens on Brown took %.1f s", dt);
+        printf("Brown corpus (%zu bytes) -> 4000 tokens in %.3f s\n", blen, dt);
+        td_bpe_trainer_free(t);
     }
     free(brown);
     TEST_DONE();
