@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/file.h"
 #include "base/log.h"
@@ -144,12 +145,15 @@ static void data_prepare_usage(void) {
             "  --val-fraction F    share for validation, 0..1 (default 0.01)\n"
             "  --split MODE        docs (each document by seeded hash, default) or tokens (token-balanced)\n"
             "  --seed N            seed of the document split (default 1234)\n"
-            "  --shard-tokens N    tokens per shard file (default 67108864)\n");
+            "  --shard-tokens N    tokens per shard file (default 67108864)\n"
+            "  --threads N         encoder threads (default: online CPUs); output does not depend on it\n");
 }
 
 int td_cmd_data_prepare(int argc, char **argv) {
     td_shard_prepare_params p = td_shard_prepare_default_params();
     p.val_fraction = 0.01;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    p.n_threads = ncpu > 0 ? (int)ncpu : 1;
     const char *tok_path = NULL, *sep = "eos";
     const char **files = calloc((size_t)argc + 1, sizeof *files);
     int nfiles = 0;
@@ -193,6 +197,9 @@ int td_cmd_data_prepare(int argc, char **argv) {
         } else if (!strcmp(a, "--seed")) {
             ok = td_arg_int(a, argv[++i], 0, 0x7fffffffffffffffL, &x);
             p.seed = (uint64_t)x;
+        } else if (!strcmp(a, "--threads")) {
+            ok = td_arg_int(a, argv[++i], 1, 1024, &x);
+            p.n_threads = (int)x;
         } else if (!strcmp(a, "--shard-tokens")) {
             ok = td_arg_int(a, argv[++i], 1, 1L << 40, &x);
             p.shard_tokens = (uint64_t)x;

@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "base/file.h"
+#include "base/threadpool.h"
 #include "train/afile.h"
 
 static const uint8_t MAGIC[8] = {'T', 'D', 'S', 'H', 'A', 'R', 'D', 0};
@@ -235,20 +236,38 @@ static uint64_t splitmix(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+#define BATCH_DOCS 1024  // documents encoded in parallel per round
+
 typedef struct {
     const td_shard_prepare_params *p;
     shard_set set[2];
-    td_tokens tok;
     td_shard_prepare_stats st;
     uint64_t doc_index;
+    td_pool *pool;                 // NULL: encode inline
+    // The current batch of documents of one file: text spans, their ids and statuses.
+    const char *text;
+    size_t off[BATCH_DOCS], len[BATCH_DOCS];
+    td_tokens tok[BATCH_DOCS];
+    td_status status[BATCH_DOCS];
+    td_err errs[BATCH_DOCS];
+    int n;
+    int next;                      // work counter for the workers (atomic)
 } prep;
 
-static td_status add_doc(prep *q, const char *text, size_t len, td_err *err) {
+static void encode_task(void *ctx, int ith, int nth) {
+    prep *q = ctx;
     const td_shard_prepare_params *p = q->p;
-    td_tokens *t = &q->tok;
-    t->n = 0;
-    td_status st = p->encode(p->encode_ctx, text, len, t, err);
-    if (st) return st;
+    for (;;) {
+        int i = __atomic_fetch_add(&q->next, 1, __ATOMIC_RELAXED);
+        if (i >= q->n) break;
+        q->tok[i].n = 0;
+        q->status[i] = p->encode(p->encode_ctx, q->text + q->off[i], q->len[i], &q->tok[i], &q->errs[i]);
+    }
+}
+
+// Routes one encoded document to train or validation (in document order: deterministic).
+static td_status route(prep *q, const td_tokens *t, td_err *err) {
+    const td_shard_prepare_params *p = q->p;
     if (!t->n) return TD_OK;
     size_t n = t->n + (p->sep_id >= 0);
     int v;
@@ -261,6 +280,7 @@ static td_status add_doc(prep *q, const char *text, size_t len, td_err *err) {
     }
     q->doc_index++;
     shard_set *s = &q->set[v];
+    td_status st = TD_OK;
     if (p->sep_id >= 0 && p->sep_before) st = set_add(s, &p->sep_id, 1, err);
     if (!st) st = set_add(s, t->ids, t->n, err);
     if (!st && p->sep_id >= 0 && !p->sep_before) st = set_add(s, &p->sep_id, 1, err);
@@ -270,9 +290,38 @@ static td_status add_doc(prep *q, const char *text, size_t len, td_err *err) {
     return st;
 }
 
+// Encodes the batched documents (in parallel with a pool) and routes them in order.
+static td_status flush_batch(prep *q, td_err *err) {
+    q->next = 0;
+    td_pool_run(q->pool, encode_task, q);
+    td_status st = TD_OK;
+    for (int i = 0; i < q->n && !st; i++) {
+        if (q->status[i]) {
+            if (err) *err = q->errs[i];
+            st = q->status[i];
+            break;
+        }
+        st = route(q, &q->tok[i], err);
+    }
+    q->n = 0;
+    return st;
+}
+
+static td_status add_doc(prep *q, size_t off, size_t len, td_err *err) {
+    q->off[q->n] = off;
+    q->len[q->n] = len;
+    q->n++;
+    return q->n == BATCH_DOCS ? flush_batch(q, err) : TD_OK;
+}
+
 // Splits one file's text into documents per p->docs.
 static td_status add_file(prep *q, const char *text, size_t len, td_err *err) {
-    if (q->p->docs == TD_SHARD_DOC_FILE) return len ? add_doc(q, text, len, err) : TD_OK;
+    q->text = text;
+    q->n = 0;
+    if (q->p->docs == TD_SHARD_DOC_FILE) {
+        td_status st = len ? add_doc(q, 0, len, err) : TD_OK;
+        return st ? st : flush_batch(q, err);
+    }
     size_t i = 0;
     while (i < len) {
         // A line [i, e) and the next line start.
@@ -281,13 +330,14 @@ static td_status add_file(prep *q, const char *text, size_t len, td_err *err) {
         if (q->p->docs == TD_SHARD_DOC_LINE) {
             size_t le = e > i && text[e - 1] == '\r' ? e - 1 : e;
             if (le > i) {
-                td_status st = add_doc(q, text + i, le - i, err);
+                td_status st = add_doc(q, i, le - i, err);
                 if (st) return st;
             }
             i = e + 1;
             continue;
         }
-        // Blank-line mode: extend the document until a blank line or the end.
+        // Blank-line mode: extend the document until a blank line or the end; a trailing CR of
+        // its last line is dropped.
         size_t start = i, end = i;
         for (;;) {
             const char *l = memchr(text + i, '\n', len - i);
@@ -299,16 +349,16 @@ static td_status add_file(prep *q, const char *text, size_t len, td_err *err) {
                 i = le + 1;
                 break;
             }
-            end = le;
+            end = le > i && text[le - 1] == '\r' ? le - 1 : le;
             i = le + 1;
             if (i >= len) break;
         }
         if (end > start) {
-            td_status st = add_doc(q, text + start, end - start, err);
+            td_status st = add_doc(q, start, end - start, err);
             if (st) return st;
         }
     }
-    return TD_OK;
+    return flush_batch(q, err);
 }
 
 td_status td_shard_prepare(const td_shard_prepare_params *p, const char *const *files, int nfiles,
@@ -319,27 +369,32 @@ td_status td_shard_prepare(const td_shard_prepare_params *p, const char *const *
         return td_err_set(err, TD_ERR_INVALID, "data prepare: bad parameters");
     if (!td_is_dir(p->out_dir) && mkdir(p->out_dir, 0755) != 0 && errno != EEXIST)
         return td_err_set(err, TD_ERR_IO, "%s: cannot create directory: %s", p->out_dir, strerror(errno));
-    prep q = {0};
-    q.p = p;
-    q.set[0] = (shard_set){.p = p, .split = "train"};
-    q.set[1] = (shard_set){.p = p, .split = "val"};
+    prep *q = calloc(1, sizeof *q);  // large (batch arrays): not on the stack
+    if (!q) return td_err_set(err, TD_ERR_NOMEM, "out of memory");
+    q->p = p;
+    q->set[0] = (shard_set){.p = p, .split = "train"};
+    q->set[1] = (shard_set){.p = p, .split = "val"};
     td_status st = TD_OK;
+    if (p->n_threads > 1 && !(q->pool = td_pool_create(p->n_threads)))
+        st = td_err_set(err, TD_ERR_NOMEM, "data prepare: cannot start %d threads", p->n_threads);
     for (int f = 0; f < nfiles && !st; f++) {
         char *text;
         size_t len;
         st = td_read_file(files[f], 0, &text, &len, err);
         if (st) break;
-        q.st.bytes_in += len;
-        st = add_file(&q, text, len, err);
+        q->st.bytes_in += len;
+        st = add_file(q, text, len, err);
         if (st) td_err_prefix(err, "%s", files[f]);
         free(text);
     }
-    for (int v = 0; v < 2 && !st; v++) st = set_flush(&q.set[v], err);
+    for (int v = 0; v < 2 && !st; v++) st = set_flush(&q->set[v], err);
     for (int v = 0; v < 2; v++) {
-        q.st.shards[v] = q.set[v].index;
-        free(q.set[v].ids);
+        q->st.shards[v] = q->set[v].index;
+        free(q->set[v].ids);
     }
-    td_tokens_free(&q.tok);
-    if (stats) *stats = q.st;
+    for (int i = 0; i < BATCH_DOCS; i++) td_tokens_free(&q->tok[i]);
+    td_pool_free(q->pool);
+    if (stats) *stats = q->st;
+    free(q);
     return st;
 }

@@ -80,8 +80,10 @@ typedef struct td_shard_prepare_params {
     double val_fraction;        // 0..1 (0: no validation shards)
     uint64_t seed;              // for TD_SHARD_SPLIT_DOCS
     uint64_t shard_tokens;      // tokens per shard file (default 1 << 26)
-    td_shard_encode_fn encode;
+    td_shard_encode_fn encode;     // must be thread-safe when n_threads > 1 (td_tokenizer is)
     void *encode_ctx;
+    int n_threads;                 // encoder threads; <= 1 encodes on the caller's thread. The
+                                   // output does not depend on it (documents are routed in order).
 } td_shard_prepare_params;
 
 td_shard_prepare_params td_shard_prepare_default_params(void);

@@ -166,7 +166,7 @@ static void test_prepare_fake(void) {
     CHECK(td_shard_prepare(&p, files, 2, &st, &err) == TD_OK, "prepare: %s", err.msg);
     CHECK(st.docs[0] == 4 && st.docs[1] == 0 && st.shards[0] == 1 && st.shards[1] == 0, "docs %llu/%llu",
           (unsigned long long)st.docs[0], (unsigned long long)st.docs[1]);
-    const char *want_docs[] = {"doc one line 1\ndoc one line 2", "doc two\r", "three", "four\nfour b"};
+    const char *want_docs[] = {"doc one line 1\ndoc one line 2", "doc two", "three", "four\nfour b"};
     int32_t want[256], got[512];
     size_t wn = 0;
     for (int i = 0; i < 4; i++) {
@@ -334,6 +334,24 @@ static void test_prepare_tokenizer(void) {
     }
     CHECK(docs == st.docs[0] && matched == docs, "%zu train documents, %zu matched input lines in order", docs,
           matched);
+    // Four encoder threads write byte-identical shards.
+    p.n_threads = 4;
+    p.name = "brown4";
+    td_shard_prepare_stats st4;
+    CHECK(td_shard_prepare(&p, files, 1, &st4, &err) == TD_OK, "prepare (4 threads): %s", err.msg);
+    const char *sp[] = {"train", "val"};
+    for (int v = 0; v < 2; v++) {
+        char a[1400], b[1400];
+        snprintf(a, sizeof a, "%s/brown-%s-000000.tdsh", d, sp[v]);
+        snprintf(b, sizeof b, "%s/brown4-%s-000000.tdsh", d, sp[v]);
+        char *ta = NULL, *tb = NULL;
+        size_t la = 0, lb = 0;
+        td_read_file(a, 0, &ta, &la, &err);
+        td_read_file(b, 0, &tb, &lb, &err);
+        CHECK(ta && tb && la == lb && !memcmp(ta, tb, la), "%s shard differs with 4 threads", sp[v]);
+        free(ta);
+        free(tb);
+    }
     free(ids);
     td_tokenizer_free(tok);
     free(brown);
