@@ -17,7 +17,8 @@
 static void tokenizer_train_usage(void) {
     fprintf(stderr,
             "usage: tandem tokenizer train [options] FILE...\n"
-            "  Learns a byte-level BPE tokenizer (Llama 3 pre-tokenizer) from UTF-8 text files and writes\n"
+            "  Learns a byte-level BPE tokenizer (Llama 3 pre-tokenizer) from UTF-8 text files and "
+            "writes\n"
             "  OUT/tokenizer.json and OUT/tokenizer_config.json.\n"
             "  --vocab-size N      total tokens incl. 256 bytes and special tokens (default 4096)\n"
             "  --min-frequency N   stop when the best pair occurs fewer than N times (default 2)\n"
@@ -52,8 +53,8 @@ int td_cmd_tokenizer_train(int argc, char **argv) {
             ok = td_arg_int(a, v, 1, 1L << 30, &x);
             p.model_max_length = (int)x;
             i++;
-        } else if (!strcmp(a, "--bos") || !strcmp(a, "--eos") || !strcmp(a, "--pad") || !strcmp(a, "--special") ||
-                   !strcmp(a, "--out")) {
+        } else if (!strcmp(a, "--bos") || !strcmp(a, "--eos") || !strcmp(a, "--pad") ||
+                   !strcmp(a, "--special") || !strcmp(a, "--out")) {
             if (!v || !*v) {
                 fprintf(stderr, "tandem: %s needs a value\n", a);
                 ok = 0;
@@ -126,8 +127,11 @@ int td_cmd_tokenizer_train(int argc, char **argv) {
         free(files);
         return 1;
     }
-    TD_LOGI("tokenizer train: %zu bytes, %zu distinct words, %d merges, vocab %d; count %.2f s, merge %.2f s -> %s",
-            bytes, td_bpe_word_count(t), td_bpe_merge_count(t), td_bpe_vocab_size(t), t1 - t0, t2 - t1, out);
+    TD_LOGI(
+        "tokenizer train: %zu bytes, %zu distinct words, %d merges, vocab %d; count %.2f s, merge "
+        "%.2f s -> %s",
+        bytes, td_bpe_word_count(t), td_bpe_merge_count(t), td_bpe_vocab_size(t), t1 - t0, t2 - t1,
+        out);
     td_bpe_trainer_free(t);
     free(files);
     return 0;
@@ -143,10 +147,12 @@ static void data_prepare_usage(void) {
             "  --docs MODE         document boundaries: blank (blank lines, default), line, file\n"
             "  --sep MODE          eos (after each document, default), bos (before), none\n"
             "  --val-fraction F    share for validation, 0..1 (default 0.01)\n"
-            "  --split MODE        docs (each document by seeded hash, default) or tokens (token-balanced)\n"
+            "  --split MODE        docs (each document by seeded hash, default) or tokens "
+            "(token-balanced)\n"
             "  --seed N            seed of the document split (default 1234)\n"
             "  --shard-tokens N    tokens per shard file (default 67108864)\n"
-            "  --threads N         encoder threads (default: online CPUs); output does not depend on it\n");
+            "  --threads N         encoder threads (default: online CPUs); output does not depend "
+            "on it\n");
 }
 
 int td_cmd_data_prepare(int argc, char **argv) {
@@ -182,15 +188,26 @@ int td_cmd_data_prepare(int argc, char **argv) {
             if (!ok) fprintf(stderr, "tandem: --sep expects eos, bos or none\n");
         } else if (!strcmp(a, "--docs")) {
             v = argv[++i];
-            if (!strcmp(v, "blank")) p.docs = TD_SHARD_DOC_BLANK_LINE;
-            else if (!strcmp(v, "line")) p.docs = TD_SHARD_DOC_LINE;
-            else if (!strcmp(v, "file")) p.docs = TD_SHARD_DOC_FILE;
-            else ok = 0, fprintf(stderr, "tandem: --docs expects blank, line or file\n");
+            if (!strcmp(v, "blank"))
+                p.docs = TD_SHARD_DOC_BLANK_LINE;
+            else if (!strcmp(v, "line"))
+                p.docs = TD_SHARD_DOC_LINE;
+            else if (!strcmp(v, "file"))
+                p.docs = TD_SHARD_DOC_FILE;
+            else {
+                fprintf(stderr, "tandem: --docs expects blank, line or file\n");
+                ok = 0;
+            }
         } else if (!strcmp(a, "--split")) {
             v = argv[++i];
-            if (!strcmp(v, "docs")) p.split = TD_SHARD_SPLIT_DOCS;
-            else if (!strcmp(v, "tokens")) p.split = TD_SHARD_SPLIT_TOKENS;
-            else ok = 0, fprintf(stderr, "tandem: --split expects docs or tokens\n");
+            if (!strcmp(v, "docs"))
+                p.split = TD_SHARD_SPLIT_DOCS;
+            else if (!strcmp(v, "tokens"))
+                p.split = TD_SHARD_SPLIT_TOKENS;
+            else {
+                fprintf(stderr, "tandem: --split expects docs or tokens\n");
+                ok = 0;
+            }
         } else if (!strcmp(a, "--val-fraction")) {
             ok = td_arg_float(a, argv[++i], 0, 1, &d);
             p.val_fraction = d;
@@ -216,7 +233,8 @@ int td_cmd_data_prepare(int argc, char **argv) {
         }
     }
     if (!tok_path || !p.out_dir || !nfiles) {
-        fprintf(stderr, "tandem: data prepare needs --tokenizer, --out and at least one input file\n");
+        fprintf(stderr,
+                "tandem: data prepare needs --tokenizer, --out and at least one input file\n");
         data_prepare_usage();
         free(files);
         return 2;
@@ -235,7 +253,8 @@ int td_cmd_data_prepare(int argc, char **argv) {
         p.sep_before = !strcmp(sep, "bos");
         p.sep_id = p.sep_before ? td_tokenizer_bos_id(tok) : td_tokenizer_eos_id(tok);
         if (p.sep_id < 0) {
-            fprintf(stderr, "tandem: data prepare: the tokenizer has no %s token (use --sep none)\n", sep);
+            fprintf(stderr,
+                    "tandem: data prepare: the tokenizer has no %s token (use --sep none)\n", sep);
             td_tokenizer_free(tok);
             free(files);
             return 1;
@@ -251,10 +270,11 @@ int td_cmd_data_prepare(int argc, char **argv) {
         return 1;
     }
     double dt = td_now() - t0;
-    TD_LOGI("data prepare: %llu bytes in %.2f s (%.1f MB/s); train %llu docs %llu tokens in %d shards; "
-            "val %llu docs %llu tokens in %d shards -> %s",
-            (unsigned long long)st.bytes_in, dt, (double)st.bytes_in / 1e6 / (dt > 0 ? dt : 1e-9),
-            (unsigned long long)st.docs[0], (unsigned long long)st.tokens[0], st.shards[0],
-            (unsigned long long)st.docs[1], (unsigned long long)st.tokens[1], st.shards[1], p.out_dir);
+    TD_LOGI(
+        "data prepare: %llu bytes in %.2f s (%.1f MB/s); train %llu docs %llu tokens in %d shards; "
+        "val %llu docs %llu tokens in %d shards -> %s",
+        (unsigned long long)st.bytes_in, dt, (double)st.bytes_in / 1e6 / (dt > 0 ? dt : 1e-9),
+        (unsigned long long)st.docs[0], (unsigned long long)st.tokens[0], st.shards[0],
+        (unsigned long long)st.docs[1], (unsigned long long)st.tokens[1], st.shards[1], p.out_dir);
     return 0;
 }

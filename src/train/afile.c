@@ -116,10 +116,12 @@ td_status td_afile_commit(td_afile *f, td_err *err) {
     if (!st) {
         int rc = close(f->fd);
         f->fd = -1;
-        if (rc != 0) st = td_err_set(err, TD_ERR_IO, "%s: close failed: %s", f->tmp, strerror(errno));
+        if (rc != 0)
+            st = td_err_set(err, TD_ERR_IO, "%s: close failed: %s", f->tmp, strerror(errno));
     }
     if (!st && rename(f->tmp, f->path) != 0)
-        st = td_err_set(err, TD_ERR_IO, "rename %s -> %s failed: %s", f->tmp, f->path, strerror(errno));
+        st = td_err_set(err, TD_ERR_IO, "rename %s -> %s failed: %s", f->tmp, f->path,
+                        strerror(errno));
     if (st) {
         td_afile_abort(f);
         return st;
@@ -135,7 +137,8 @@ td_status td_afile_commit(td_afile *f, td_err *err) {
         int e = errno;
         close(dfd);
         if (rc != 0 && e != EINVAL)
-            return td_err_set(err, TD_ERR_IO, "%s: directory fsync failed: %s", f->path, strerror(e));
+            return td_err_set(err, TD_ERR_IO, "%s: directory fsync failed: %s", f->path,
+                              strerror(e));
     }
     return TD_OK;
 }

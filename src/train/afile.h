@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
 #include "base/status.h"
 
 #define TD_AFILE_PATH_MAX 4096
@@ -44,6 +45,8 @@ static inline uint16_t td_le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1]
 static inline uint32_t td_le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
-static inline uint64_t td_le64(const uint8_t *p) { return td_le32(p) | (uint64_t)td_le32(p + 4) << 32; }
+static inline uint64_t td_le64(const uint8_t *p) {
+    return td_le32(p) | (uint64_t)td_le32(p + 4) << 32;
+}
 
 #endif

@@ -17,7 +17,8 @@
 #include "train/afile.h"
 
 const char *const TD_BPE_LLAMA3_PATTERN =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 td_bpe_params td_bpe_default_params(void) {
@@ -33,7 +34,10 @@ td_bpe_params td_bpe_default_params(void) {
 
 // ---- small growable arrays and hash maps ----
 
-typedef struct { int32_t *v; int32_t n, cap; } ivec;
+typedef struct {
+    int32_t *v;
+    int32_t n, cap;
+} ivec;
 
 static int ivec_push(ivec *a, int32_t x) {
     if (a->n == a->cap) {
@@ -49,24 +53,24 @@ static int ivec_push(ivec *a, int32_t x) {
 
 // Open-addressing map from byte strings to an index (words and symbol spellings).
 typedef struct {
-    uint32_t *slot;   // (cap) index + 1, 0 = empty
+    uint32_t *slot;  // (cap) index + 1, 0 = empty
     size_t cap, n;
 } strmap;
 
 struct td_bpe_trainer {
     td_bpe_params p;
-    char *strs;                 // owned copies of params strings, NUL-separated
+    char *strs;  // owned copies of params strings, NUL-separated
     pcre2_code *re;
     pcre2_match_data *md;
     // Words: distinct pre-tokenized byte strings and counts (during feeding), then symbol arrays.
-    char *wbytes;               // arena of word bytes
+    char *wbytes;  // arena of word bytes
     size_t wbytes_n, wbytes_cap;
-    size_t *woff;               // (nwords + 1 entries while feeding: offset of each word in wbytes)
-    uint32_t *wlen;             // bytes, then symbols
+    size_t *woff;    // (nwords + 1 entries while feeding: offset of each word in wbytes)
+    uint32_t *wlen;  // bytes, then symbols
     int64_t *wcount;
     size_t nwords, wcap;
     strmap words;
-    int32_t *syms;              // symbol arrays, word w at syms + soff[w]
+    int32_t *syms;  // symbol arrays, word w at syms + soff[w]
     size_t *soff;
     // Symbols: id -> raw bytes (offset into sbytes), learned merges.
     char *sbytes;
@@ -129,7 +133,9 @@ static const char *sym_key(const td_bpe_trainer *t, uint32_t i, size_t *n) {
 
 // ---- GPT-2 byte <-> unicode mapping ----
 
-static int printable_byte(int b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174); }
+static int printable_byte(int b) {
+    return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+}
 
 // Code point of byte b under bytes_to_unicode.
 static int byte_cp(int b) {
@@ -168,7 +174,8 @@ static int add_symbol(td_bpe_trainer *t, const char *bytes, size_t n) {
         t->sbytes = nb;
         t->sbytes_cap = cap;
     }
-    if ((size_t)(t->nsym + 1) * 2 > t->symmap.cap && !strmap_grow(&t->symmap, t, sym_key)) return -1;
+    if ((size_t)(t->nsym + 1) * 2 > t->symmap.cap && !strmap_grow(&t->symmap, t, sym_key))
+        return -1;
     memcpy(t->sbytes + t->sbytes_n, bytes, n);
     t->sym_off[t->nsym] = t->sbytes_n;
     t->sym_len[t->nsym] = (uint32_t)n;
@@ -184,7 +191,8 @@ td_status td_bpe_trainer_new(const td_bpe_params *p, td_bpe_trainer **out, td_er
     if (p->n_special < 0 || p->n_special > TD_BPE_MAX_SPECIAL)
         return td_err_set(err, TD_ERR_INVALID, "too many special tokens (%d)", p->n_special);
     if (p->vocab_size < 256 + nspecial || p->vocab_size > (1 << 24))
-        return td_err_set(err, TD_ERR_INVALID, "vocab size %d: must hold the 256 bytes and %d special tokens",
+        return td_err_set(err, TD_ERR_INVALID,
+                          "vocab size %d: must hold the 256 bytes and %d special tokens",
                           p->vocab_size, nspecial);
     if (p->add_bos && !p->bos) return td_err_set(err, TD_ERR_INVALID, "add_bos needs a bos token");
     const char *all[TD_BPE_MAX_SPECIAL + 3];
@@ -197,7 +205,8 @@ td_status td_bpe_trainer_new(const td_bpe_params *p, td_bpe_trainer **out, td_er
     for (int i = 0; i < na; i++) {
         if (!all[i] || !*all[i]) return td_err_set(err, TD_ERR_INVALID, "empty special token");
         for (int j = 0; j < i; j++)
-            if (!strcmp(all[i], all[j])) return td_err_set(err, TD_ERR_INVALID, "special token %s given twice", all[i]);
+            if (!strcmp(all[i], all[j]))
+                return td_err_set(err, TD_ERR_INVALID, "special token %s given twice", all[i]);
         slen += strlen(all[i]) + 1;
     }
     const char *pattern = p->pattern ? p->pattern : TD_BPE_LLAMA3_PATTERN;
@@ -218,12 +227,14 @@ td_status td_bpe_trainer_new(const td_bpe_params *p, td_bpe_trainer **out, td_er
     for (int i = 0; i < p->n_special; i++) t->p.special[i] = dupstr(&t->strs, &used, p->special[i]);
     int ec;
     PCRE2_SIZE eo;
-    t->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+    t->re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &ec,
+                          &eo, NULL);
     if (!t->re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(ec, msg, sizeof msg);
         td_bpe_trainer_free(t);
-        return td_err_set(err, TD_ERR_INVALID, "pre-tokenizer regex at offset %zu: %s", (size_t)eo, (char *)msg);
+        return td_err_set(err, TD_ERR_INVALID, "pre-tokenizer regex at offset %zu: %s", (size_t)eo,
+                          (char *)msg);
     }
     pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if unavailable
     t->md = pcre2_match_data_create_from_pattern(t->re, NULL);
@@ -300,7 +311,8 @@ static char *sanitize(const char *text, size_t len, size_t *olen) {
     size_t i = 0;
     utf8proc_int32_t cp;
     while (i < len) {
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)text + i, (utf8proc_ssize_t)(len - i), &cp);
+        utf8proc_ssize_t k =
+            utf8proc_iterate((const utf8proc_uint8_t *)text + i, (utf8proc_ssize_t)(len - i), &cp);
         if (k < 0) break;
         i += (size_t)k;
     }
@@ -310,7 +322,8 @@ static char *sanitize(const char *text, size_t len, size_t *olen) {
     size_t n = 0;
     i = 0;
     while (i < len) {
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)text + i, (utf8proc_ssize_t)(len - i), &cp);
+        utf8proc_ssize_t k =
+            utf8proc_iterate((const utf8proc_uint8_t *)text + i, (utf8proc_ssize_t)(len - i), &cp);
         if (k < 0) {
             memcpy(o + n, "\xEF\xBF\xBD", 3);
             n += 3;
@@ -333,7 +346,8 @@ td_status td_bpe_feed(td_bpe_trainer *t, const char *text, size_t len, td_err *e
     size_t at = 0, gap = 0;  // gap: start of text not yet covered by a match (Isolated split)
     td_status st = TD_OK;
     while (at <= clen && !st) {
-        int rc = pcre2_match(t->re, (PCRE2_SPTR)s, clen, at, at ? PCRE2_NO_UTF_CHECK : 0, t->md, NULL);
+        int rc =
+            pcre2_match(t->re, (PCRE2_SPTR)s, clen, at, at ? PCRE2_NO_UTF_CHECK : 0, t->md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             st = td_err_set(err, TD_ERR_INVALID, "pre-tokenizer regex failed (PCRE2 error %d)", rc);
@@ -360,8 +374,8 @@ td_status td_bpe_feed(td_bpe_trainer *t, const char *text, size_t len, td_err *e
 
 // Pair table: open addressing on the 64-bit key (left << 32 | right).
 typedef struct {
-    uint64_t *key;   // (cap) key + 1, 0 = empty
-    int32_t *idx;    // (cap) pair index
+    uint64_t *key;  // (cap) key + 1, 0 = empty
+    int32_t *idx;   // (cap) pair index
     size_t cap;
     uint64_t *pkey;  // (n) pair index -> key
     int64_t *count;  // (n) weighted occurrences
@@ -443,10 +457,18 @@ static void pairs_free(pairs *P) {
 }
 
 // Max-heap of (count, pair): larger count first, then smaller key (= smaller (left, right)).
-typedef struct { int64_t count; uint64_t key; } hent;
-typedef struct { hent *a; size_t n, cap; } heap;
+typedef struct {
+    int64_t count;
+    uint64_t key;
+} hent;
+typedef struct {
+    hent *a;
+    size_t n, cap;
+} heap;
 
-static int hbefore(hent x, hent y) { return x.count > y.count || (x.count == y.count && x.key < y.key); }
+static int hbefore(hent x, hent y) {
+    return x.count > y.count || (x.count == y.count && x.key < y.key);
+}
 
 static int heap_push(heap *h, hent e) {
     if (h->n == h->cap) {
@@ -484,8 +506,8 @@ static hent heap_pop(heap *h) {
 
 // Adds `delta` weighted occurrences of every adjacent pair of word w; with new_sym >= 0, records w
 // in the where-list of pairs containing new_sym and collects them into `touched` (once per step).
-static int word_pairs(pairs *P, const int32_t *s, uint32_t n, int32_t w, int64_t delta, int32_t new_sym,
-                      int32_t step, ivec *touched) {
+static int word_pairs(pairs *P, const int32_t *s, uint32_t n, int32_t w, int64_t delta,
+                      int32_t new_sym, int32_t step, ivec *touched) {
     for (uint32_t i = 0; i + 1 < n; i++) {
         int32_t pi = pair_get(P, KEY(s[i], s[i + 1]));
         if (pi < 0) return 0;
@@ -561,7 +583,8 @@ td_status td_bpe_train(td_bpe_trainer *t, td_err *err) {
             break;
         }
         if (P.count[pi] != e.count) {  // stale entry: re-queue with the current count
-            if (P.count[pi] > 0 && P.count[pi] < e.count && !heap_push(&H, (hent){P.count[pi], e.key}))
+            if (P.count[pi] > 0 && P.count[pi] < e.count &&
+                !heap_push(&H, (hent){P.count[pi], e.key}))
                 st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
             continue;
         }
@@ -577,11 +600,18 @@ td_status td_bpe_train(td_bpe_trainer *t, td_err *err) {
         memcpy(buf, t->sbytes + t->sym_off[A], la);
         memcpy(buf + la, t->sbytes + t->sym_off[B], lb);
         size_t pos = strmap_find(&t->symmap, t, sym_key, buf, la + lb, hash_bytes(buf, la + lb));
-        int32_t Z = t->symmap.slot[pos] ? (int32_t)t->symmap.slot[pos] - 1 : add_symbol(t, buf, la + lb);
+        int32_t Z =
+            t->symmap.slot[pos] ? (int32_t)t->symmap.slot[pos] - 1 : add_symbol(t, buf, la + lb);
         free(buf);
-        if (Z < 0 || (t->nmerges == t->merge_cap &&
-                      !(t->merge_cap = t->merge_cap ? t->merge_cap * 2 : 1024,
-                        t->merges = realloc(t->merges, (size_t)t->merge_cap * sizeof *t->merges)))) {
+        if (Z >= 0 && t->nmerges == t->merge_cap) {
+            int cap = t->merge_cap ? t->merge_cap * 2 : 1024;
+            int32_t(*nm)[2] = realloc(t->merges, (size_t)cap * sizeof *nm);
+            if (nm) {
+                t->merges = nm;
+                t->merge_cap = cap;
+            }
+        }
+        if (Z < 0 || t->nmerges == t->merge_cap) {
             st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
             break;
         }
@@ -655,7 +685,8 @@ static void spell(const td_bpe_trainer *t, int32_t id, char *out) {
 
 static td_status write_text(const char *dir, const char *name, const char *text, td_err *err) {
     char p[TD_AFILE_PATH_MAX];
-    if (!td_path_join(p, sizeof p, dir, name)) return td_err_set(err, TD_ERR_INVALID, "%s: path too long", dir);
+    if (!td_path_join(p, sizeof p, dir, name))
+        return td_err_set(err, TD_ERR_INVALID, "%s: path too long", dir);
     td_afile f;
     td_status st = td_afile_open(&f, p, err);
     if (st) return st;
@@ -687,7 +718,8 @@ static cJSON *seq_ref(const char *which, int type_id) {
 // A minimal chat template: "role: content<eos>\n" per message, bos first if defined.
 static const char *CHAT_TEMPLATE =
     "{% if bos_token %}{{ bos_token }}{% endif %}{% for message in messages %}"
-    "{{ message['role'] + ': ' + message['content'] }}{% if eos_token %}{{ eos_token }}{% endif %}{{ '\\n' }}"
+    "{{ message['role'] + ': ' + message['content'] }}{% if eos_token %}{{ eos_token }}{% endif "
+    "%}{{ '\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}";
 
 td_status td_bpe_write(const td_bpe_trainer *t, const char *dir, td_err *err) {

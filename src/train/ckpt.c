@@ -23,10 +23,10 @@ static const uint8_t END_MAGIC[8] = {'T', 'D', 'C', 'K', 'E', 'N', 'D', 0};
 
 struct td_ckpt {
     td_map map;
-    char *meta;             // NUL-terminated copy of the JSON blob
+    char *meta;  // NUL-terminated copy of the JSON blob
     int n;
-    td_ckpt_tensor *t;      // (n)
-    char *names;            // NUL-terminated names, t[i].name points here
+    td_ckpt_tensor *t;  // (n)
+    char *names;        // NUL-terminated names, t[i].name points here
 };
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
@@ -34,7 +34,8 @@ static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 static td_status check_tensor(const td_ckpt_tensor *t, td_err *err) {
     size_t nl = t->name ? strlen(t->name) : 0;
     if (nl == 0 || nl > TD_CKPT_NAME_MAX)
-        return td_err_set(err, TD_ERR_INVALID, "tensor name empty or longer than %d bytes", TD_CKPT_NAME_MAX);
+        return td_err_set(err, TD_ERR_INVALID, "tensor name empty or longer than %d bytes",
+                          TD_CKPT_NAME_MAX);
     if ((unsigned)t->dtype >= TD_DTYPE_COUNT)
         return td_err_set(err, TD_ERR_INVALID, "tensor %s: bad dtype %d", t->name, (int)t->dtype);
     if (t->ndim < 0 || t->ndim > TD_CKPT_MAX_DIMS)
@@ -47,14 +48,15 @@ static td_status check_tensor(const td_ckpt_tensor *t, td_err *err) {
     }
     size_t want = td_row_bytes(t->dtype, numel);
     if (want != t->nbytes || (numel && want == 0) || (t->nbytes && !t->data))
-        return td_err_set(err, TD_ERR_INVALID, "tensor %s: %zu bytes given, shape needs %zu", t->name,
-                          t->nbytes, want);
+        return td_err_set(err, TD_ERR_INVALID, "tensor %s: %zu bytes given, shape needs %zu",
+                          t->name, t->nbytes, want);
     return TD_OK;
 }
 
-td_status td_ckpt_write(const char *path, const td_ckpt_tensor *tensors, int n, const char *meta_json,
-                        td_err *err) {
-    if (n < 0 || (n && !tensors)) return td_err_set(err, TD_ERR_INVALID, "%s: bad tensor list", path);
+td_status td_ckpt_write(const char *path, const td_ckpt_tensor *tensors, int n,
+                        const char *meta_json, td_err *err) {
+    if (n < 0 || (n && !tensors))
+        return td_err_set(err, TD_ERR_INVALID, "%s: bad tensor list", path);
     if (!meta_json) meta_json = "{}";
     uint64_t table_bytes = 0, data_bytes = 0;
     uint64_t *hashes = calloc((size_t)n + 1, sizeof *hashes);
@@ -68,7 +70,8 @@ td_status td_ckpt_write(const char *path, const td_ckpt_tensor *tensors, int n, 
             free(hashes);
             return td_err_prefix(err, "%s", path);
         }
-        table_bytes += 2 + strlen(tensors[i].name) + 4 + 4 + 8 * (uint64_t)tensors[i].ndim + 8 + 8 + 8;
+        table_bytes +=
+            2 + strlen(tensors[i].name) + 4 + 4 + 8 * (uint64_t)tensors[i].ndim + 8 + 8 + 8;
         data_bytes = align_up(data_bytes, ALIGN) + tensors[i].nbytes;
         hashes[i] = XXH3_64bits(tensors[i].data, tensors[i].nbytes);
     }
@@ -102,7 +105,8 @@ td_status td_ckpt_write(const char *path, const td_ckpt_tensor *tensors, int n, 
         if (!st) st = td_afile_write(&f, t->name, nl, err);
         if (!st) st = td_afile_write_u32(&f, (uint32_t)t->dtype, err);
         if (!st) st = td_afile_write_u32(&f, (uint32_t)t->ndim, err);
-        for (int d = 0; !st && d < t->ndim; d++) st = td_afile_write_u64(&f, (uint64_t)t->shape[d], err);
+        for (int d = 0; !st && d < t->ndim; d++)
+            st = td_afile_write_u64(&f, (uint64_t)t->shape[d], err);
         if (!st) st = td_afile_write_u64(&f, off, err);
         if (!st) st = td_afile_write_u64(&f, t->nbytes, err);
         if (!st) st = td_afile_write_u64(&f, hashes[i], err);
@@ -150,11 +154,11 @@ td_status td_ckpt_open(const char *path, td_ckpt **out, td_err *err) {
     const uint8_t *p = c->map.data;
     uint64_t size = c->map.size;
     char msg[256];
-#define FAIL(...)                                       \
-    do {                                                \
-        snprintf(msg, sizeof msg, __VA_ARGS__);         \
-        st = fmt_err(err, path, msg);                   \
-        goto fail;                                      \
+#define FAIL(...)                               \
+    do {                                        \
+        snprintf(msg, sizeof msg, __VA_ARGS__); \
+        st = fmt_err(err, path, msg);           \
+        goto fail;                              \
     } while (0)
     if (size < 8 || memcmp(p, MAGIC, 8) != 0) {
         if (size < 8 && (size == 0 || memcmp(p, MAGIC, size) == 0))
@@ -164,7 +168,8 @@ td_status td_ckpt_open(const char *path, td_ckpt **out, td_err *err) {
     if (size < HEADER_BYTES + TRAILER_BYTES)
         FAIL("truncated: %" PRIu64 " bytes, shorter than header and trailer", size);
     uint32_t version = td_le32(p + 8), hdr = td_le32(p + 12), n = td_le32(p + 16);
-    if (version != TD_CKPT_VERSION) FAIL("unsupported checkpoint version %u (this build reads %d)", version, TD_CKPT_VERSION);
+    if (version != TD_CKPT_VERSION)
+        FAIL("unsupported checkpoint version %u (this build reads %d)", version, TD_CKPT_VERSION);
     if (hdr < HEADER_BYTES) FAIL("header size %u too small", hdr);
     uint64_t meta_bytes = td_le64(p + 24), table_bytes = td_le64(p + 32);
     uint64_t data_offset = td_le64(p + 40), data_bytes = td_le64(p + 48);
@@ -172,10 +177,10 @@ td_status td_ckpt_open(const char *path, td_ckpt **out, td_err *err) {
         hdr + meta_bytes + table_bytes > data_offset)
         FAIL("header sizes out of range (file %" PRIu64 " bytes); truncated or corrupt", size);
     uint64_t expect = data_offset + data_bytes + TRAILER_BYTES;
-    if (size < expect)
-        FAIL("truncated: %" PRIu64 " bytes, header says %" PRIu64, size, expect);
+    if (size < expect) FAIL("truncated: %" PRIu64 " bytes, header says %" PRIu64, size, expect);
     if (size > expect) FAIL("%" PRIu64 " trailing bytes after the end marker", size - expect);
-    if (memcmp(p + size - 8, END_MAGIC, 8) != 0) FAIL("completeness marker missing (truncated or corrupt)");
+    if (memcmp(p + size - 8, END_MAGIC, 8) != 0)
+        FAIL("completeness marker missing (truncated or corrupt)");
     if (n > table_bytes / 30 + 1) FAIL("tensor count %u does not fit the table", n);
 
     c->meta = malloc(meta_bytes + 1);
@@ -196,7 +201,8 @@ td_status td_ckpt_open(const char *path, td_ckpt **out, td_err *err) {
         if (qend - q < 2) FAIL("tensor table truncated at entry %u", i);
         uint16_t nl = td_le16(q);
         q += 2;
-        if (nl == 0 || (uint64_t)(qend - q) < (uint64_t)nl + 8) FAIL("tensor table entry %u: bad name", i);
+        if (nl == 0 || (uint64_t)(qend - q) < (uint64_t)nl + 8)
+            FAIL("tensor table entry %u: bad name", i);
         memcpy(names, q, nl);
         names[nl] = 0;
         t->name = names;
@@ -206,7 +212,8 @@ td_status td_ckpt_open(const char *path, td_ckpt **out, td_err *err) {
         q += 8;
         if (dt >= TD_DTYPE_COUNT) FAIL("tensor %s: unknown dtype %u", t->name, dt);
         if (nd > TD_CKPT_MAX_DIMS) FAIL("tensor %s: ndim %u", t->name, nd);
-        if ((uint64_t)(qend - q) < 8ull * nd + 24) FAIL("tensor table truncated at tensor %s", t->name);
+        if ((uint64_t)(qend - q) < 8ull * nd + 24)
+            FAIL("tensor table truncated at tensor %s", t->name);
         t->dtype = (td_dtype)dt;
         t->ndim = (int)nd;
         int64_t numel = 1;
@@ -219,15 +226,19 @@ td_status td_ckpt_open(const char *path, td_ckpt **out, td_err *err) {
         }
         uint64_t off = td_le64(q), nb = td_le64(q + 8), h = td_le64(q + 16);
         q += 24;
-        if (nb != td_row_bytes(t->dtype, numel)) FAIL("tensor %s: %" PRIu64 " bytes disagree with its shape", t->name, nb);
-        if (off > data_bytes || nb > data_bytes - off) FAIL("tensor %s: data out of bounds", t->name);
+        if (nb != td_row_bytes(t->dtype, numel))
+            FAIL("tensor %s: %" PRIu64 " bytes disagree with its shape", t->name, nb);
+        if (off > data_bytes || nb > data_bytes - off)
+            FAIL("tensor %s: data out of bounds", t->name);
         t->data = p + data_offset + off;
         t->nbytes = (size_t)nb;
-        if (XXH3_64bits(t->data, t->nbytes) != h) FAIL("tensor %s: checksum mismatch (corrupt data)", t->name);
+        if (XXH3_64bits(t->data, t->nbytes) != h)
+            FAIL("tensor %s: checksum mismatch (corrupt data)", t->name);
     }
     if (q != qend) FAIL("tensor table size disagrees with its entries");
     uint64_t file_hash = td_le64(p + size - TRAILER_BYTES);
-    if (XXH3_64bits(p, size - TRAILER_BYTES) != file_hash) FAIL("whole-file checksum mismatch (corrupt header, metadata or padding)");
+    if (XXH3_64bits(p, size - TRAILER_BYTES) != file_hash)
+        FAIL("whole-file checksum mismatch (corrupt header, metadata or padding)");
 #undef FAIL
     *out = c;
     return TD_OK;
@@ -238,7 +249,9 @@ fail:
 
 const char *td_ckpt_meta(const td_ckpt *c) { return c->meta; }
 int td_ckpt_count(const td_ckpt *c) { return c->n; }
-const td_ckpt_tensor *td_ckpt_get(const td_ckpt *c, int i) { return i >= 0 && i < c->n ? &c->t[i] : NULL; }
+const td_ckpt_tensor *td_ckpt_get(const td_ckpt *c, int i) {
+    return i >= 0 && i < c->n ? &c->t[i] : NULL;
+}
 
 const td_ckpt_tensor *td_ckpt_find(const td_ckpt *c, const char *name) {
     for (int i = 0; i < c->n; i++)
@@ -310,13 +323,15 @@ static void ckpt_path(char *out, size_t cap, const char *dir, int64_t step) {
 }
 
 td_status td_ckpt_dir_save(const char *dir, int64_t step, const td_ckpt_tensor *tensors, int n,
-                           const char *meta_json, int keep, char *path_out, size_t cap, td_err *err) {
+                           const char *meta_json, int keep, char *path_out, size_t cap,
+                           td_err *err) {
     if (step < 0) return td_err_set(err, TD_ERR_INVALID, "checkpoint step %" PRId64 " < 0", step);
     if (!td_is_dir(dir) && mkdir(dir, 0755) != 0 && errno != EEXIST)
         return td_err_set(err, TD_ERR_IO, "%s: cannot create directory: %s", dir, strerror(errno));
     // Leftover temporaries of a crashed writer (single writer per directory assumed).
     DIR *dp = opendir(dir);
-    if (!dp) return td_err_set(err, TD_ERR_IO, "%s: cannot read directory: %s", dir, strerror(errno));
+    if (!dp)
+        return td_err_set(err, TD_ERR_IO, "%s: cannot read directory: %s", dir, strerror(errno));
     struct dirent *e;
     char p[TD_AFILE_PATH_MAX];
     while ((e = readdir(dp))) {
@@ -335,7 +350,8 @@ td_status td_ckpt_dir_save(const char *dir, int64_t step, const td_ckpt_tensor *
         int m = list_all(dir, &all);
         for (int i = keep; i < m; i++) {
             ckpt_path(p, sizeof p, dir, all[i]);
-            if (unlink(p) != 0) TD_LOGW("checkpoint rotation: cannot remove %s: %s", p, strerror(errno));
+            if (unlink(p) != 0)
+                TD_LOGW("checkpoint rotation: cannot remove %s: %s", p, strerror(errno));
         }
         free(all);
     }
@@ -346,7 +362,8 @@ td_status td_ckpt_dir_load_latest(const char *dir, td_ckpt **out, int64_t *step,
     *out = NULL;
     int64_t *all;
     int m = list_all(dir, &all);
-    if (m < 0) return td_err_set(err, TD_ERR_NOT_FOUND, "%s: cannot read checkpoint directory", dir);
+    if (m < 0)
+        return td_err_set(err, TD_ERR_NOT_FOUND, "%s: cannot read checkpoint directory", dir);
     if (m == 0) {
         free(all);
         return td_err_set(err, TD_ERR_NOT_FOUND, "%s: no checkpoint (ckpt-NNNNNN.tdck)", dir);
@@ -366,5 +383,6 @@ td_status td_ckpt_dir_load_latest(const char *dir, td_ckpt **out, int64_t *step,
         if (i == 0) first = e;
     }
     free(all);
-    return td_err_set(err, TD_ERR_FORMAT, "%s: no valid checkpoint among %d; newest: %s", dir, m, first.msg);
+    return td_err_set(err, TD_ERR_FORMAT, "%s: no valid checkpoint among %d; newest: %s", dir, m,
+                      first.msg);
 }

@@ -19,6 +19,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
 #include "base/status.h"
 #include "tensor/dtype.h"
 
@@ -28,19 +29,19 @@
 
 // A tensor to write, or one read back (then name and data point into the opened checkpoint).
 typedef struct td_ckpt_tensor {
-    const char *name;                  // unique within a checkpoint, 1..TD_CKPT_NAME_MAX bytes
+    const char *name;  // unique within a checkpoint, 1..TD_CKPT_NAME_MAX bytes
     td_dtype dtype;
-    int ndim;                          // 0..TD_CKPT_MAX_DIMS
-    int64_t shape[TD_CKPT_MAX_DIMS];   // outermost first
-    const void *data;                  // nbytes bytes
-    size_t nbytes;                     // must equal td_row_bytes(dtype, product of shape)
+    int ndim;                         // 0..TD_CKPT_MAX_DIMS
+    int64_t shape[TD_CKPT_MAX_DIMS];  // outermost first
+    const void *data;                 // nbytes bytes
+    size_t nbytes;                    // must equal td_row_bytes(dtype, product of shape)
 } td_ckpt_tensor;
 
 // Writes a checkpoint to `path` atomically (path.tmp, fsync, rename, fsync directory): after a
 // crash `path` is absent, the old file or the complete new one. meta_json may be NULL ("{}").
 // Nothing is kept. TD_ERR_INVALID for bad tensors (duplicate names, size mismatch), TD_ERR_IO.
-td_status td_ckpt_write(const char *path, const td_ckpt_tensor *tensors, int n, const char *meta_json,
-                        td_err *err);
+td_status td_ckpt_write(const char *path, const td_ckpt_tensor *tensors, int n,
+                        const char *meta_json, td_err *err);
 
 // An opened, fully verified checkpoint (memory-mapped; read-only).
 typedef struct td_ckpt td_ckpt;
@@ -64,7 +65,8 @@ const td_ckpt_tensor *td_ckpt_find(const td_ckpt *c, const char *name);
 // that at most `keep` remain (keep <= 0 keeps all) and removes leftover *.tmp files of crashed
 // writers. path_out (may be NULL, cap bytes) receives the new file's path.
 td_status td_ckpt_dir_save(const char *dir, int64_t step, const td_ckpt_tensor *tensors, int n,
-                           const char *meta_json, int keep, char *path_out, size_t cap, td_err *err);
+                           const char *meta_json, int keep, char *path_out, size_t cap,
+                           td_err *err);
 
 // Steps of the checkpoints in dir, newest first, into steps[0..cap); returns how many exist (may
 // exceed cap) or -1 if dir cannot be read. Only names of the exact form count.

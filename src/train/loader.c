@@ -11,11 +11,11 @@
 
 struct td_loader {
     td_loader_params p;
-    int n;                 // shards
-    td_shard **shards;     // (n) owned
-    uint64_t *first;       // (n + 1) first global window of each shard
-    uint64_t W;            // windows per epoch
-    uint64_t *perm;        // (W) this epoch's order
+    int n;              // shards
+    td_shard **shards;  // (n) owned
+    uint64_t *first;    // (n + 1) first global window of each shard
+    uint64_t W;         // windows per epoch
+    uint64_t *perm;     // (W) this epoch's order
     td_loader_pos pos;
 };
 
@@ -75,7 +75,8 @@ td_status td_loader_open(const td_loader_params *p, td_loader **out, td_err *err
     *out = NULL;
     if (p->n_paths <= 0 || !p->paths || p->B <= 0 || p->T <= 0 || p->world <= 0 || p->rank < 0 ||
         p->rank >= p->world)
-        return td_err_set(err, TD_ERR_INVALID, "loader: bad parameters (B %d, T %d, rank %d of %d, %d shards)", p->B,
+        return td_err_set(err, TD_ERR_INVALID,
+                          "loader: bad parameters (B %d, T %d, rank %d of %d, %d shards)", p->B,
                           p->T, p->rank, p->world, p->n_paths);
     td_loader *l = calloc(1, sizeof *l);
     if (!l) return td_err_set(err, TD_ERR_NOMEM, "out of memory");
@@ -83,14 +84,16 @@ td_status td_loader_open(const td_loader_params *p, td_loader **out, td_err *err
     l->p.paths = NULL;  // not kept
     l->shards = calloc((size_t)p->n_paths, sizeof *l->shards);
     l->first = calloc((size_t)p->n_paths + 1, sizeof *l->first);
-    td_status st = (!l->shards || !l->first) ? td_err_set(err, TD_ERR_NOMEM, "out of memory") : TD_OK;
+    td_status st =
+        (!l->shards || !l->first) ? td_err_set(err, TD_ERR_NOMEM, "out of memory") : TD_OK;
     for (int i = 0; i < p->n_paths && !st; i++) {
         st = td_shard_open(p->paths[i], &l->shards[i], err);
         if (st) break;
         l->n = i + 1;
         if (td_shard_vocab(l->shards[i]) != td_shard_vocab(l->shards[0]))
-            st = td_err_set(err, TD_ERR_INVALID, "%s: vocabulary %d differs from %s's %d", p->paths[i],
-                            td_shard_vocab(l->shards[i]), p->paths[0], td_shard_vocab(l->shards[0]));
+            st = td_err_set(err, TD_ERR_INVALID, "%s: vocabulary %d differs from %s's %d",
+                            p->paths[i], td_shard_vocab(l->shards[i]), p->paths[0],
+                            td_shard_vocab(l->shards[0]));
         uint64_t n = td_shard_tokens(l->shards[i]);
         l->first[i + 1] = l->first[i] + (n > 0 ? (n - 1) / (uint64_t)p->T : 0);
     }
@@ -98,10 +101,12 @@ td_status td_loader_open(const td_loader_params *p, td_loader **out, td_err *err
         l->W = l->first[l->n];
         uint64_t need = (uint64_t)p->B * (uint64_t)p->world;
         if (l->W < need)
-            st = td_err_set(err, TD_ERR_INVALID, "loader: %llu windows of %d+1 tokens, a step needs %llu",
+            st = td_err_set(err, TD_ERR_INVALID,
+                            "loader: %llu windows of %d+1 tokens, a step needs %llu",
                             (unsigned long long)l->W, p->T, (unsigned long long)need);
         else if (!(l->perm = malloc(l->W * sizeof *l->perm)))
-            st = td_err_set(err, TD_ERR_NOMEM, "loader: out of memory for %llu windows", (unsigned long long)l->W);
+            st = td_err_set(err, TD_ERR_NOMEM, "loader: out of memory for %llu windows",
+                            (unsigned long long)l->W);
     }
     if (st) {
         td_loader_close(l);
@@ -138,10 +143,12 @@ td_loader_pos td_loader_tell(const td_loader *l) { return l->pos; }
 td_status td_loader_seek(td_loader *l, const td_loader_pos *pos, td_err *err) {
     uint64_t step = (uint64_t)l->p.B * (uint64_t)l->p.world;
     if (pos->index % step || pos->index > l->W)
-        return td_err_set(err, TD_ERR_INVALID, "loader position: index %llu is not a step boundary of this data",
+        return td_err_set(err, TD_ERR_INVALID,
+                          "loader position: index %llu is not a step boundary of this data",
                           (unsigned long long)pos->index);
     if (pos->rng != epoch_rng(l->p.seed, pos->epoch))
-        return td_err_set(err, TD_ERR_INVALID, "loader position: rng state does not match seed %llu, epoch %llu",
+        return td_err_set(err, TD_ERR_INVALID,
+                          "loader position: rng state does not match seed %llu, epoch %llu",
                           (unsigned long long)l->p.seed, (unsigned long long)pos->epoch);
     draw(l, pos->epoch);
     l->pos.index = pos->index;
@@ -149,11 +156,14 @@ td_status td_loader_seek(td_loader *l, const td_loader_pos *pos, td_err *err) {
 }
 
 uint64_t td_loader_windows(const td_loader *l) { return l->W; }
-uint64_t td_loader_steps_per_epoch(const td_loader *l) { return l->W / ((uint64_t)l->p.B * (uint64_t)l->p.world); }
+uint64_t td_loader_steps_per_epoch(const td_loader *l) {
+    return l->W / ((uint64_t)l->p.B * (uint64_t)l->p.world);
+}
 int td_loader_vocab(const td_loader *l) { return td_shard_vocab(l->shards[0]); }
 
 int td_loader_pos_format(const td_loader_pos *pos, char *buf, size_t cap) {
-    return snprintf(buf, cap, "{\"epoch\":%" PRIu64 ",\"index\":%" PRIu64 ",\"rng\":\"%016" PRIx64 "\"}",
+    return snprintf(buf, cap,
+                    "{\"epoch\":%" PRIu64 ",\"index\":%" PRIu64 ",\"rng\":\"%016" PRIx64 "\"}",
                     pos->epoch, pos->index, pos->rng);
 }
 
@@ -179,7 +189,8 @@ td_status td_loader_pos_parse(const char *json, td_loader_pos *out, td_err *err)
         st = td_err_set(err, TD_ERR_FORMAT, "loader position: missing or bad \"index\"");
     else if (!cJSON_IsString(r) || strlen(r->valuestring) != 16 ||
              (out->rng = strtoull(r->valuestring, &end, 16), *end))
-        st = td_err_set(err, TD_ERR_FORMAT, "loader position: missing or bad \"rng\" (16 hex digits)");
+        st = td_err_set(err, TD_ERR_FORMAT,
+                        "loader position: missing or bad \"rng\" (16 hex digits)");
     cJSON_Delete(o);
     return st;
 }

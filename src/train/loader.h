@@ -15,15 +15,16 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
 #include "base/status.h"
 
 typedef struct td_loader_params {
     const char *const *paths;  // shard files (shards.h), in window-numbering order
     int n_paths;
-    int B, T;                  // rows per batch, tokens per row (+1 for the target shift)
+    int B, T;  // rows per batch, tokens per row (+1 for the target shift)
     uint64_t seed;
-    bool shuffle;              // default true
-    int rank, world;           // data-parallel rank in [0, world); default 0 of 1
+    bool shuffle;     // default true
+    int rank, world;  // data-parallel rank in [0, world); default 0 of 1
 } td_loader_params;
 
 td_loader_params td_loader_default_params(void);  // B 8, T 256, seed 1, shuffle, rank 0 of 1
@@ -61,8 +62,8 @@ int td_loader_pos_format(const td_loader_pos *pos, char *buf, size_t cap);
 // TD_ERR_FORMAT naming the missing or malformed field.
 td_status td_loader_pos_parse(const char *json, td_loader_pos *out, td_err *err);
 
-uint64_t td_loader_windows(const td_loader *l);           // per epoch, all shards
-uint64_t td_loader_steps_per_epoch(const td_loader *l);   // floor(windows / (B * world))
+uint64_t td_loader_windows(const td_loader *l);          // per epoch, all shards
+uint64_t td_loader_steps_per_epoch(const td_loader *l);  // floor(windows / (B * world))
 int td_loader_vocab(const td_loader *l);
 
 #endif

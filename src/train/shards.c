@@ -20,7 +20,7 @@ static const uint8_t END_MAGIC[8] = {'T', 'D', 'S', 'H', 'E', 'N', 'D', 0};
 
 struct td_shard {
     td_map map;
-    int tb;           // token bytes
+    int tb;  // token bytes
     int vocab;
     uint64_t n, ndocs;
     const uint8_t *payload;
@@ -39,13 +39,14 @@ static void pack(const int32_t *ids, size_t n, int tb, uint8_t *out) {
     }
 }
 
-td_status td_shard_write(const char *path, int vocab_size, const int32_t *ids, size_t n, uint64_t ndocs,
-                         td_err *err) {
-    if (vocab_size <= 0) return td_err_set(err, TD_ERR_INVALID, "%s: vocab size %d", path, vocab_size);
+td_status td_shard_write(const char *path, int vocab_size, const int32_t *ids, size_t n,
+                         uint64_t ndocs, td_err *err) {
+    if (vocab_size <= 0)
+        return td_err_set(err, TD_ERR_INVALID, "%s: vocab size %d", path, vocab_size);
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= vocab_size)
-            return td_err_set(err, TD_ERR_INVALID, "%s: token %zu = %d outside the vocabulary (%d)", path, i,
-                              (int)ids[i], vocab_size);
+            return td_err_set(err, TD_ERR_INVALID, "%s: token %zu = %d outside the vocabulary (%d)",
+                              path, i, (int)ids[i], vocab_size);
     int tb = vocab_size <= 65536 ? 2 : 4;
     uint8_t buf[CHUNK * 4];
     XXH3_state_t *h = XXH3_createState();
@@ -60,8 +61,13 @@ td_status td_shard_write(const char *path, int vocab_size, const int32_t *ids, s
     XXH3_freeState(h);
     uint8_t hdr[HEADER_BYTES] = {0};
     memcpy(hdr, MAGIC, 8);
-    uint64_t f[7] = {TD_SHARD_VERSION | (uint64_t)HEADER_BYTES << 32, (uint64_t)tb | (uint64_t)vocab_size << 32,
-                     n, ndocs, payload_hash, 0, 0};
+    uint64_t f[7] = {TD_SHARD_VERSION | (uint64_t)HEADER_BYTES << 32,
+                     (uint64_t)tb | (uint64_t)vocab_size << 32,
+                     n,
+                     ndocs,
+                     payload_hash,
+                     0,
+                     0};
     for (int j = 0; j < 6; j++)
         for (int b = 0; b < 8; b++) hdr[8 + 8 * j + b] = (uint8_t)(f[j] >> (8 * b));
     uint64_t hh = XXH3_64bits(hdr, 56);
@@ -103,13 +109,14 @@ td_status td_shard_open(const char *path, td_shard **out, td_err *err) {
     const char *why = NULL;
     char msg[160];
     if (size < 8 || memcmp(p, MAGIC, 8) != 0) {
-        why = size < 8 && (size == 0 || !memcmp(p, MAGIC, size)) ? "truncated: shorter than the header"
-                                                                : "not a tandem token shard (bad magic)";
+        why = size < 8 && (size == 0 || !memcmp(p, MAGIC, size))
+                  ? "truncated: shorter than the header"
+                  : "not a tandem token shard (bad magic)";
     } else if (size < HEADER_BYTES + 8) {
         why = "truncated: shorter than header and end marker";
     } else if (td_le32(p + 8) != TD_SHARD_VERSION) {
-        snprintf(msg, sizeof msg, "unsupported shard version %u (this build reads %d)", td_le32(p + 8),
-                 TD_SHARD_VERSION);
+        snprintf(msg, sizeof msg, "unsupported shard version %u (this build reads %d)",
+                 td_le32(p + 8), TD_SHARD_VERSION);
         why = msg;
     } else if (XXH3_64bits(p, 56) != td_le64(p + 56)) {
         why = "header checksum mismatch (corrupt header)";
@@ -120,7 +127,8 @@ td_status td_shard_open(const char *path, td_shard **out, td_err *err) {
             (tb == 2 && vocab > 65536)) {
             why = "header fields out of range";
         } else if (n > (size - hdr) / tb || hdr + n * tb + 8 > size) {
-            snprintf(msg, sizeof msg, "truncated: %" PRIu64 " bytes, header says %" PRIu64 " tokens", size, n);
+            snprintf(msg, sizeof msg,
+                     "truncated: %" PRIu64 " bytes, header says %" PRIu64 " tokens", size, n);
             why = msg;
         } else if (hdr + n * tb + 8 < size) {
             why = "trailing bytes after the end marker";
@@ -138,7 +146,8 @@ td_status td_shard_open(const char *path, td_shard **out, td_err *err) {
             for (uint64_t i = 0; i < n && !why; i++) {
                 uint32_t v = tb == 2 ? td_le16(s->payload + 2 * i) : td_le32(s->payload + 4 * i);
                 if (v >= vocab) {
-                    snprintf(msg, sizeof msg, "token %" PRIu64 " = %u outside the vocabulary (%u)", i, v, vocab);
+                    snprintf(msg, sizeof msg, "token %" PRIu64 " = %u outside the vocabulary (%u)",
+                             i, v, vocab);
                     why = msg;
                 }
             }
@@ -168,7 +177,8 @@ void td_shard_read(const td_shard *s, uint64_t start, size_t n, int32_t *out) {
 
 // ---- data prepare ----
 
-td_status td_shard_encode_tokenizer(void *ctx, const char *text, size_t len, td_tokens *out, td_err *err) {
+td_status td_shard_encode_tokenizer(void *ctx, const char *text, size_t len, td_tokens *out,
+                                    td_err *err) {
     return td_tokenizer_encode((const td_tokenizer *)ctx, text, len, false, out, err);
 }
 
@@ -188,7 +198,7 @@ td_shard_prepare_params td_shard_prepare_default_params(void) {
 typedef struct {
     const td_shard_prepare_params *p;
     const char *split;
-    int32_t *ids;     // (cap) grown up to shard_tokens
+    int32_t *ids;  // (cap) grown up to shard_tokens
     uint64_t n, cap, ndocs;
     int index;
 } shard_set;
@@ -196,7 +206,8 @@ typedef struct {
 static td_status set_flush(shard_set *s, td_err *err) {
     if (!s->n) return TD_OK;
     char path[TD_AFILE_PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s-%s-%06d.tdsh", s->p->out_dir, s->p->name, s->split, s->index);
+    snprintf(path, sizeof path, "%s/%s-%s-%06d.tdsh", s->p->out_dir, s->p->name, s->split,
+             s->index);
     td_status st = td_shard_write(path, s->p->vocab_size, s->ids, s->n, s->ndocs, err);
     if (st) return st;
     s->index++;
@@ -212,8 +223,10 @@ static td_status set_add(shard_set *s, const int32_t *ids, size_t n, td_err *err
             uint64_t cap = s->cap ? s->cap : 1 << 16;
             while (cap < s->n + k) cap *= 2;
             if (cap > s->p->shard_tokens) cap = s->p->shard_tokens;
-            int32_t *nb = cap <= SIZE_MAX / sizeof *nb ? realloc(s->ids, (size_t)cap * sizeof *nb) : NULL;
-            if (!nb) return td_err_set(err, TD_ERR_NOMEM, "data prepare: out of memory (shard buffer)");
+            int32_t *nb =
+                cap <= SIZE_MAX / sizeof *nb ? realloc(s->ids, (size_t)cap * sizeof *nb) : NULL;
+            if (!nb)
+                return td_err_set(err, TD_ERR_NOMEM, "data prepare: out of memory (shard buffer)");
             s->ids = nb;
             s->cap = cap;
         }
@@ -243,7 +256,7 @@ typedef struct {
     shard_set set[2];
     td_shard_prepare_stats st;
     uint64_t doc_index;
-    td_pool *pool;                 // NULL: encode inline
+    td_pool *pool;  // NULL: encode inline
     // The current batch of documents of one file: text spans, their ids and statuses.
     const char *text;
     size_t off[BATCH_DOCS], len[BATCH_DOCS];
@@ -251,7 +264,7 @@ typedef struct {
     td_status status[BATCH_DOCS];
     td_err errs[BATCH_DOCS];
     int n;
-    int next;                      // work counter for the workers (atomic)
+    int next;  // work counter for the workers (atomic)
 } prep;
 
 static void encode_task(void *ctx, int ith, int nth) {
@@ -261,7 +274,8 @@ static void encode_task(void *ctx, int ith, int nth) {
         int i = __atomic_fetch_add(&q->next, 1, __ATOMIC_RELAXED);
         if (i >= q->n) break;
         q->tok[i].n = 0;
-        q->status[i] = p->encode(p->encode_ctx, q->text + q->off[i], q->len[i], &q->tok[i], &q->errs[i]);
+        q->status[i] =
+            p->encode(p->encode_ctx, q->text + q->off[i], q->len[i], &q->tok[i], &q->errs[i]);
     }
 }
 
@@ -363,12 +377,14 @@ static td_status add_file(prep *q, const char *text, size_t len, td_err *err) {
 
 td_status td_shard_prepare(const td_shard_prepare_params *p, const char *const *files, int nfiles,
                            td_shard_prepare_stats *stats, td_err *err) {
-    if (!p->out_dir || !p->encode || p->vocab_size <= 0 || !(p->val_fraction >= 0 && p->val_fraction <= 1) ||
-        p->shard_tokens == 0 || p->sep_id >= p->vocab_size || (unsigned)p->docs > TD_SHARD_DOC_FILE ||
+    if (!p->out_dir || !p->encode || p->vocab_size <= 0 ||
+        !(p->val_fraction >= 0 && p->val_fraction <= 1) || p->shard_tokens == 0 ||
+        p->sep_id >= p->vocab_size || (unsigned)p->docs > TD_SHARD_DOC_FILE ||
         (unsigned)p->split > TD_SHARD_SPLIT_TOKENS)
         return td_err_set(err, TD_ERR_INVALID, "data prepare: bad parameters");
     if (!td_is_dir(p->out_dir) && mkdir(p->out_dir, 0755) != 0 && errno != EEXIST)
-        return td_err_set(err, TD_ERR_IO, "%s: cannot create directory: %s", p->out_dir, strerror(errno));
+        return td_err_set(err, TD_ERR_IO, "%s: cannot create directory: %s", p->out_dir,
+                          strerror(errno));
     prep *q = calloc(1, sizeof *q);  // large (batch arrays): not on the stack
     if (!q) return td_err_set(err, TD_ERR_NOMEM, "out of memory");
     q->p = p;

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
 #include "base/status.h"
 #include "tokenizer/tokenizer.h"
 
@@ -28,8 +29,8 @@
 
 // Writes `n` token ids (each < vocab_size) as one shard at `path`, atomically (path.tmp, fsync,
 // rename). ndocs is informational (documents in the stream). TD_ERR_INVALID for an id out of range.
-td_status td_shard_write(const char *path, int vocab_size, const int32_t *ids, size_t n, uint64_t ndocs,
-                         td_err *err);
+td_status td_shard_write(const char *path, int vocab_size, const int32_t *ids, size_t n,
+                         uint64_t ndocs, td_err *err);
 
 // ---- reading ----
 
@@ -52,9 +53,11 @@ void td_shard_read(const td_shard *s, uint64_t start, size_t n, int32_t *out);
 
 // Encodes `len` bytes of UTF-8 text into out (out->n reset first; ids appended, grown as in
 // tokenizer.h). td_tokenizer_encode has this shape; td_shard_encode_tokenizer adapts it.
-typedef td_status (*td_shard_encode_fn)(void *ctx, const char *text, size_t len, td_tokens *out, td_err *err);
+typedef td_status (*td_shard_encode_fn)(void *ctx, const char *text, size_t len, td_tokens *out,
+                                        td_err *err);
 // ctx is a const td_tokenizer *; encodes without special tokens.
-td_status td_shard_encode_tokenizer(void *ctx, const char *text, size_t len, td_tokens *out, td_err *err);
+td_status td_shard_encode_tokenizer(void *ctx, const char *text, size_t len, td_tokens *out,
+                                    td_err *err);
 
 typedef enum td_shard_docs_mode {
     TD_SHARD_DOC_BLANK_LINE = 0,  // a blank line (two or more newlines) ends a document
@@ -70,20 +73,20 @@ typedef enum td_shard_split_mode {
 } td_shard_split_mode;
 
 typedef struct td_shard_prepare_params {
-    const char *out_dir;        // created if missing; files <name>-train-000000.tdsh, -val-...
-    const char *name;           // file name stem (default "data")
-    int vocab_size;             // ids must be below it; decides uint16 vs uint32
-    int32_t sep_id;             // separator token id (EOS or BOS); -1 = none
-    bool sep_before;            // false: sep after each document (EOS); true: before (BOS)
+    const char *out_dir;  // created if missing; files <name>-train-000000.tdsh, -val-...
+    const char *name;     // file name stem (default "data")
+    int vocab_size;       // ids must be below it; decides uint16 vs uint32
+    int32_t sep_id;       // separator token id (EOS or BOS); -1 = none
+    bool sep_before;      // false: sep after each document (EOS); true: before (BOS)
     td_shard_docs_mode docs;
     td_shard_split_mode split;
     double val_fraction;        // 0..1 (0: no validation shards)
     uint64_t seed;              // for TD_SHARD_SPLIT_DOCS
     uint64_t shard_tokens;      // tokens per shard file (default 1 << 26)
-    td_shard_encode_fn encode;     // must be thread-safe when n_threads > 1 (td_tokenizer is)
+    td_shard_encode_fn encode;  // must be thread-safe when n_threads > 1 (td_tokenizer is)
     void *encode_ctx;
-    int n_threads;                 // encoder threads; <= 1 encodes on the caller's thread. The
-                                   // output does not depend on it (documents are routed in order).
+    int n_threads;  // encoder threads; <= 1 encodes on the caller's thread. The
+                    // output does not depend on it (documents are routed in order).
 } td_shard_prepare_params;
 
 td_shard_prepare_params td_shard_prepare_default_params(void);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
 #include "train/ckpt.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
 #include "train/shards.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -39,8 +39,8 @@ static cJSON *read_json(const char *path) {
 }
 
 // Trains on `text` with the given sizes and writes into sub-directory `name`; returns 1 on success.
-static int train_to(const char *name, const char *text, size_t len, int vocab, int min_freq, char *out,
-                    size_t cap) {
+static int train_to(const char *name, const char *text, size_t len, int vocab, int min_freq,
+                    char *out, size_t cap) {
     td_bpe_params p = td_bpe_default_params();
     p.vocab_size = vocab;
     p.min_frequency = min_freq;
@@ -56,20 +56,23 @@ static int train_to(const char *name, const char *text, size_t len, int vocab, i
     snprintf(out, cap, "%s/%s", dir, name);
     if (!st) st = td_bpe_write(t, out, &err);
     CHECK(st == TD_OK, "%s: %s", name, err.msg);
-    if (!st) CHECK(td_bpe_vocab_size(t) <= vocab, "%s: vocab %d > %d", name, td_bpe_vocab_size(t), vocab);
+    if (!st)
+        CHECK(td_bpe_vocab_size(t) <= vocab, "%s: vocab %d > %d", name, td_bpe_vocab_size(t),
+              vocab);
     td_bpe_trainer_free(t);
     return st == TD_OK;
 }
 
 // Trains with tandem and with the Python reference; the merge lists must be identical.
-static void check_against_reference(const char *name, const char *text, size_t len, int vocab, int min_freq) {
+static void check_against_reference(const char *name, const char *text, size_t len, int vocab,
+                                    int min_freq) {
     char out[1200], corpus[1300], ref[1300], cmd[4200], tj[1300];
     if (!train_to(name, text, len, vocab, min_freq, out, sizeof out)) return;
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", out);
     snprintf(ref, sizeof ref, "%s/ref.json", out);
     write_file(corpus, text, len);
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/reference/bpe_train_ref.py '%s' %d %d 2 '%s'", corpus, vocab,
-             min_freq, ref);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/reference/bpe_train_ref.py '%s' %d %d 2 '%s'",
+             corpus, vocab, min_freq, ref);
     CHECK(system(cmd) == 0, "%s: python reference failed: %s", name, cmd);
     snprintf(tj, sizeof tj, "%s/tokenizer.json", out);
     cJSON *a = read_json(tj), *b = read_json(ref);
@@ -78,11 +81,13 @@ static void check_against_reference(const char *name, const char *text, size_t l
         cJSON *ma = cJSON_GetObjectItem(cJSON_GetObjectItem(a, "model"), "merges");
         cJSON *mb = cJSON_GetObjectItem(b, "merges");
         int na = cJSON_GetArraySize(ma), nb = cJSON_GetArraySize(mb), i = 0;
-        while (i < na && i < nb &&
-               !strcmp(cJSON_GetArrayItem(ma, i)->valuestring, cJSON_GetArrayItem(mb, i)->valuestring))
+        while (
+            i < na && i < nb &&
+            !strcmp(cJSON_GetArrayItem(ma, i)->valuestring, cJSON_GetArrayItem(mb, i)->valuestring))
             i++;
-        CHECK(na == nb && i == na, "%s: merges differ at %d (tandem %d merges, reference %d): '%s' vs '%s'", name, i,
-              na, nb, i < na ? cJSON_GetArrayItem(ma, i)->valuestring : "-",
+        CHECK(na == nb && i == na,
+              "%s: merges differ at %d (tandem %d merges, reference %d): '%s' vs '%s'", name, i, na,
+              nb, i < na ? cJSON_GetArrayItem(ma, i)->valuestring : "-",
               i < nb ? cJSON_GetArrayItem(mb, i)->valuestring : "-");
         CHECK(na > 50, "%s: only %d merges", name, na);
     }
@@ -119,10 +124,12 @@ static void check_against_hf(const char *brown, size_t blen) {
     memcpy(unseen, brown + off, ul);
     unseen[ul] = 0;
     const char *texts[] = {
-        "The Fulton County Grand Jury said Friday an investigation of Atlanta's recent primary election.",
+        "The Fulton County Grand Jury said Friday an investigation of Atlanta's recent primary "
+        "election.",
         "Numbers: 0 7 42 123 1234 12345678 3.14159 1,000,000 -17 2nd 1990s",
         "Punctuation!!! ?? ... ;-) (parens) [brackets] {braces} \"quotes\" 'single' `tick` -- dash",
-        "Unicode: café naïve façade Zürich Ωμέγα Привет 日本語のテキスト 🙂👍🏽 e\xcc\x81",
+        "Unicode: café naïve façade Zürich Ωμέγα Привет 日本語のテキスト 🙂👍🏽 "
+        "e\xcc\x81",
         "   leading spaces, trailing   \n\n\n\ttabs\t\tand  runs    of   spaces      \n  \n",
         "I'm sure they'LL say we'd've done it; DON'T ' s 'S",
         "line one\r\nline two\r\n\r\nthree\n",
@@ -168,21 +175,26 @@ static void check_against_hf(const char *brown, size_t blen) {
             td_tokens t = {0};
             int at;
             for (int special = 0; special < 2; special++) {
-                CHECK(td_tokenizer_encode(tok, texts[i], strlen(texts[i]), special, &t, &err) == TD_OK, "encode: %s",
-                      err.msg);
+                CHECK(td_tokenizer_encode(tok, texts[i], strlen(texts[i]), special, &t, &err) ==
+                          TD_OK,
+                      "encode: %s", err.msg);
                 const cJSON *want = cJSON_GetObjectItem(r, special ? "ids_special" : "ids");
-                CHECK(ids_equal(&t, want, &at), "text %d (special %d): ids differ from HF at %d (%zu vs %d)", i,
-                      special, at, t.n, cJSON_GetArraySize(want));
+                CHECK(ids_equal(&t, want, &at),
+                      "text %d (special %d): ids differ from HF at %d (%zu vs %d)", i, special, at,
+                      t.n, cJSON_GetArraySize(want));
                 if (special) CHECK(t.n >= 1 && t.ids[0] == 598, "text %d: no BOS", i);
             }
             total += t.n;
             // HF decodes its ids back to the input exactly (byte-level BPE is lossless).
             hex(texts[i], strlen(texts[i]), h);
-            CHECK(!strcmp(cJSON_GetObjectItem(r, "decoded_hex")->valuestring, h), "text %d: HF decode differs", i);
+            CHECK(!strcmp(cJSON_GetObjectItem(r, "decoded_hex")->valuestring, h),
+                  "text %d: HF decode differs", i);
             char *dec;
             size_t dl;
-            CHECK(td_tokenizer_decode(tok, t.ids, t.n, false, &dec, &dl, &err) == TD_OK, "decode: %s", err.msg);
-            CHECK(dl == strlen(texts[i]) + 7 && !memcmp(dec, "<|bos|>", 7) && !memcmp(dec + 7, texts[i], dl - 7),
+            CHECK(td_tokenizer_decode(tok, t.ids, t.n, false, &dec, &dl, &err) == TD_OK,
+                  "decode: %s", err.msg);
+            CHECK(dl == strlen(texts[i]) + 7 && !memcmp(dec, "<|bos|>", 7) &&
+                      !memcmp(dec + 7, texts[i], dl - 7),
                   "text %d: tandem decode differs from <|bos|> + text", i);
             free(dec);
             td_tokens_free(&t);
@@ -215,7 +227,8 @@ static void check_params(void) {
     CHECK(td_bpe_trainer_new(&p, &t, &err) == TD_ERR_INVALID && !t, "duplicate special accepted");
     p = td_bpe_default_params();
     p.pattern = "(unclosed";
-    CHECK(td_bpe_trainer_new(&p, &t, &err) == TD_ERR_INVALID && strstr(err.msg, "regex"), "bad regex: %s", err.msg);
+    CHECK(td_bpe_trainer_new(&p, &t, &err) == TD_ERR_INVALID && strstr(err.msg, "regex"),
+          "bad regex: %s", err.msg);
     // Invalid UTF-8 is replaced, not fatal; the trained file still writes.
     p = td_bpe_default_params();
     p.vocab_size = 300;
@@ -246,8 +259,9 @@ int main(void) {
         size_t k = 30000;
         while (brown[k - 1] != '\n') k++;
         memcpy(small, brown, k);
-        const char extra[] = "Café naïve façade, Zürich's 日本語 text; I'M THEY'LL we'd 12345 3.14 ... !!?\n\n\t  "
-                             "spaced   out  \r\nend 'twas 2024-01-02\n";
+        const char extra[] =
+            "Café naïve façade, Zürich's 日本語 text; I'M THEY'LL we'd 12345 3.14 ... !!?\n\n\t  "
+            "spaced   out  \r\nend 'twas 2024-01-02\n";
         memcpy(small + k, extra, sizeof extra - 1);
         check_against_reference("ref_brown", small, k + sizeof extra - 1, 420, 2);
         // Reference 2: random words over a two-letter alphabet (many ties, long merge chains).
@@ -272,8 +286,8 @@ int main(void) {
         td_bpe_trainer *t = NULL;
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        CHECK(td_bpe_trainer_new(&p, &t, &err) == TD_OK && td_bpe_feed(t, brown, blen, &err) == TD_OK &&
-                  td_bpe_train(t, &err) == TD_OK,
+        CHECK(td_bpe_trainer_new(&p, &t, &err) == TD_OK &&
+                  td_bpe_feed(t, brown, blen, &err) == TD_OK && td_bpe_train(t, &err) == TD_OK,
               "brown 4000: %s", err.msg);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);

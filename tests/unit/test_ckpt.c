@@ -72,8 +72,10 @@ static void test_round_trip(const char *path) {
         CHECK(t == td_ckpt_get(c, i), "order of %s", t->name);
         CHECK(t->dtype == tens[i].dtype && t->ndim == tens[i].ndim && t->nbytes == tens[i].nbytes,
               "%s: header fields", t->name);
-        for (int d = 0; d < t->ndim; d++) CHECK(t->shape[d] == tens[i].shape[d], "%s: dim %d", t->name, d);
-        CHECK(t->nbytes == 0 || memcmp(t->data, tens[i].data, t->nbytes) == 0, "%s: data not bit-exact", t->name);
+        for (int d = 0; d < t->ndim; d++)
+            CHECK(t->shape[d] == tens[i].shape[d], "%s: dim %d", t->name, d);
+        CHECK(t->nbytes == 0 || memcmp(t->data, tens[i].data, t->nbytes) == 0,
+              "%s: data not bit-exact", t->name);
         CHECK(((uintptr_t)t->data & 63) == 0, "%s: data not 64-byte aligned", t->name);
     }
     CHECK(td_ckpt_find(c, "nope") == NULL, "found a missing tensor");
@@ -133,11 +135,13 @@ static void test_corruption(const char *path) {
     CHECK(td_ckpt_open(p, &c, &err) == TD_ERR_FORMAT, "trailing byte accepted");
     m[0] = 'X';
     write_bytes(p, m, n);
-    CHECK(td_ckpt_open(p, &c, &err) == TD_ERR_FORMAT && strstr(err.msg, "magic"), "bad magic: %s", err.msg);
+    CHECK(td_ckpt_open(p, &c, &err) == TD_ERR_FORMAT && strstr(err.msg, "magic"), "bad magic: %s",
+          err.msg);
     m[0] = orig[0];
     m[8] = 2;  // version
     write_bytes(p, m, n);
-    CHECK(td_ckpt_open(p, &c, &err) == TD_ERR_FORMAT && strstr(err.msg, "version"), "version: %s", err.msg);
+    CHECK(td_ckpt_open(p, &c, &err) == TD_ERR_FORMAT && strstr(err.msg, "version"), "version: %s",
+          err.msg);
     free(m);
     free(orig);
     unlink(p);
@@ -150,18 +154,21 @@ static void test_directory(void) {
     int64_t steps[8];
     td_ckpt *c = NULL;
     int64_t step = -1;
-    CHECK(td_ckpt_dir_load_latest(d, &c, &step, &err) == TD_ERR_NOT_FOUND, "missing dir: %s", err.msg);
+    CHECK(td_ckpt_dir_load_latest(d, &c, &step, &err) == TD_ERR_NOT_FOUND, "missing dir: %s",
+          err.msg);
     for (int64_t st = 100; st <= 400; st += 100) {
         char meta[64];
         snprintf(meta, sizeof meta, "{\"step\":%lld}", (long long)st);
-        CHECK(td_ckpt_dir_save(d, st, tens, 3, meta, 3, p, sizeof p, &err) == TD_OK, "save: %s", err.msg);
+        CHECK(td_ckpt_dir_save(d, st, tens, 3, meta, 3, p, sizeof p, &err) == TD_OK, "save: %s",
+              err.msg);
     }
     CHECK(strstr(p, "/ckpt-000400.tdck") != NULL, "path %s", p);
     snprintf(p, sizeof p, "%s/ckpt-1.tdck", d);  // not a checkpoint name: ignored
     write_bytes(p, (const uint8_t *)"x", 1);
     int n = td_ckpt_dir_list(d, steps, 8);
     CHECK(n == 3 && steps[0] == 400 && steps[1] == 300 && steps[2] == 200, "rotation kept %d", n);
-    CHECK(td_ckpt_dir_load_latest(d, &c, &step, &err) == TD_OK && step == 400, "latest %lld", (long long)step);
+    CHECK(td_ckpt_dir_load_latest(d, &c, &step, &err) == TD_OK && step == 400, "latest %lld",
+          (long long)step);
     CHECK(c && strcmp(td_ckpt_meta(c), "{\"step\":400}") == 0, "latest meta");
     td_ckpt_close(c);
     // Corrupt the newest (byte flip) and truncate the next: falls back to 200.
@@ -172,16 +179,20 @@ static void test_directory(void) {
     fseek(f, 300, SEEK_SET);
     fputc(ch ^ 0x10, f);
     fclose(f);
-    CHECK(td_ckpt_dir_load_latest(d, &c, &step, &err) == TD_OK && step == 300, "fallback to 300: %lld", (long long)step);
+    CHECK(td_ckpt_dir_load_latest(d, &c, &step, &err) == TD_OK && step == 300,
+          "fallback to 300: %lld", (long long)step);
     td_ckpt_close(c);
     snprintf(p, sizeof p, "%s/ckpt-000300.tdck", d);
     CHECK(truncate(p, 200) == 0, "truncate");
-    CHECK(td_ckpt_dir_load_latest(d, &c, &step, &err) == TD_OK && step == 200, "fallback to 200: %lld", (long long)step);
+    CHECK(td_ckpt_dir_load_latest(d, &c, &step, &err) == TD_OK && step == 200,
+          "fallback to 200: %lld", (long long)step);
     td_ckpt_close(c);
     snprintf(p, sizeof p, "%s/ckpt-000200.tdck", d);
     CHECK(truncate(p, 10) == 0, "truncate");
-    CHECK(td_ckpt_dir_load_latest(d, &c, &step, &err) == TD_ERR_FORMAT && c == NULL, "no valid: %d", err.status);
-    CHECK(strstr(err.msg, "ckpt-000400.tdck") && strstr(err.msg, "checksum"), "message: %s", err.msg);
+    CHECK(td_ckpt_dir_load_latest(d, &c, &step, &err) == TD_ERR_FORMAT && c == NULL, "no valid: %d",
+          err.status);
+    CHECK(strstr(err.msg, "ckpt-000400.tdck") && strstr(err.msg, "checksum"), "message: %s",
+          err.msg);
 }
 
 // A child writes a 256 MiB checkpoint; the parent SIGKILLs it once the temporary file has grown.
@@ -189,7 +200,8 @@ static void test_kill9(void) {
     char d[1100], p[1200], tmp[1300];
     snprintf(d, sizeof d, "%s/kill", dir);
     td_err err = {0};
-    CHECK(td_ckpt_dir_save(d, 1, tens, 3, "{\"step\":1}", 3, NULL, 0, &err) == TD_OK, "save 1: %s", err.msg);
+    CHECK(td_ckpt_dir_save(d, 1, tens, 3, "{\"step\":1}", 3, NULL, 0, &err) == TD_OK, "save 1: %s",
+          err.msg);
     snprintf(p, sizeof p, "%s/ckpt-000002.tdck", d);
     snprintf(tmp, sizeof tmp, "%s.tmp", p);
     pid_t pid = fork();
@@ -233,7 +245,8 @@ static void test_kill9(void) {
     CHECK(td_file_exists(tmp), "expected the torn temporary file");
     td_ckpt *c = NULL;
     int64_t step = -1;
-    CHECK(td_ckpt_dir_load_latest(d, &c, &step, &err) == TD_OK && step == 1, "after kill: %s", err.msg);
+    CHECK(td_ckpt_dir_load_latest(d, &c, &step, &err) == TD_OK && step == 1, "after kill: %s",
+          err.msg);
     td_ckpt_close(c);
     // The next save clears the torn temporary.
     CHECK(td_ckpt_dir_save(d, 3, tens, 3, "{}", 3, NULL, 0, &err) == TD_OK, "save 3: %s", err.msg);

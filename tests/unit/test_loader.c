@@ -23,7 +23,9 @@ static const char *pp[3] = {paths[0], paths[1], paths[2]};
 static const int lens[3] = {1000, 537, 2049};  // windows: 62 + 33 + 128 = 223
 static int32_t *data[3];
 
-static int32_t tok_at(int s, int i) { return (int32_t)(((uint32_t)s * 100003u + (uint32_t)i * 7919u) % VOCAB); }
+static int32_t tok_at(int s, int i) {
+    return (int32_t)(((uint32_t)s * 100003u + (uint32_t)i * 7919u) % VOCAB);
+}
 
 // Window id (global numbering) whose tokens equal row, or -1.
 static int find_window(const int32_t *row) {
@@ -62,11 +64,13 @@ int main(void) {
         data[s] = malloc((size_t)lens[s] * sizeof(int32_t));
         for (int i = 0; i < lens[s]; i++) data[s][i] = tok_at(s, i);
         snprintf(paths[s], sizeof paths[s], "%s/s%d.tdsh", dir, s);
-        CHECK(td_shard_write(paths[s], VOCAB, data[s], (size_t)lens[s], 1, &err) == TD_OK, "write: %s", err.msg);
+        CHECK(td_shard_write(paths[s], VOCAB, data[s], (size_t)lens[s], 1, &err) == TD_OK,
+              "write: %s", err.msg);
     }
     td_loader *l = open_loader(42, NB, 0, 1, 1);
     if (!l) TEST_DONE();
-    CHECK(td_loader_windows(l) == 223 && td_loader_steps_per_epoch(l) == 55 && td_loader_vocab(l) == VOCAB,
+    CHECK(td_loader_windows(l) == 223 && td_loader_steps_per_epoch(l) == 55 &&
+              td_loader_vocab(l) == VOCAB,
           "windows %llu", (unsigned long long)td_loader_windows(l));
 
     // Reference run: 150 batches (almost 3 epochs).
@@ -113,7 +117,8 @@ int main(void) {
     td_loader_close(l);
     l = open_loader(42, NB, 0, 1, 0);
     td_loader_next(l, buf);
-    CHECK(!memcmp(buf, data[0], ROW * sizeof(int32_t)) && !memcmp(buf + ROW, data[0] + NT, ROW * sizeof(int32_t)),
+    CHECK(!memcmp(buf, data[0], ROW * sizeof(int32_t)) &&
+              !memcmp(buf + ROW, data[0] + NT, ROW * sizeof(int32_t)),
           "unshuffled order");
     td_loader_close(l);
 
@@ -156,10 +161,12 @@ int main(void) {
         snprintf(meta, sizeof meta, "{\"step\":80,\"loader\":%s}", posjs);
         float w[3] = {1, 2, 3};
         td_ckpt_tensor t = {"w", TD_F32, 1, {3}, w, sizeof w};
-        CHECK(td_ckpt_dir_save(cdir, 80, &t, 1, meta, 2, NULL, 0, &err) == TD_OK, "save: %s", err.msg);
+        CHECK(td_ckpt_dir_save(cdir, 80, &t, 1, meta, 2, NULL, 0, &err) == TD_OK, "save: %s",
+              err.msg);
         td_ckpt *c = NULL;
         int64_t step = -1;
-        CHECK(td_ckpt_dir_load_latest(cdir, &c, &step, &err) == TD_OK && step == 80, "load: %s", err.msg);
+        CHECK(td_ckpt_dir_load_latest(cdir, &c, &step, &err) == TD_OK && step == 80, "load: %s",
+              err.msg);
         td_loader_pos back = {0};
         if (c) {
             const char *m = strstr(td_ckpt_meta(c), "\"loader\":");
@@ -169,7 +176,8 @@ int main(void) {
             CHECK(td_loader_pos_parse(obj, &back, &err) == TD_OK, "parse %s: %s", obj, err.msg);
             td_ckpt_close(c);
         }
-        CHECK(back.epoch == pos.epoch && back.index == pos.index && back.rng == pos.rng, "position round trip");
+        CHECK(back.epoch == pos.epoch && back.index == pos.index && back.rng == pos.rng,
+              "position round trip");
         l = open_loader(42, NB, 0, 1, 1);
         CHECK(td_loader_seek(l, &back, &err) == TD_OK, "seek: %s", err.msg);
         int same_after = 1;
@@ -182,8 +190,8 @@ int main(void) {
         CHECK(td_loader_pos_parse("{\"epoch\":1,\"index\":2}", &back, &err) == TD_ERR_FORMAT &&
                   strstr(err.msg, "rng"),
               "missing rng: %s", err.msg);
-        CHECK(td_loader_pos_parse("{\"epoch\":-1,\"index\":2,\"rng\":\"0000000000000001\"}", &back, &err) ==
-                  TD_ERR_FORMAT,
+        CHECK(td_loader_pos_parse("{\"epoch\":-1,\"index\":2,\"rng\":\"0000000000000001\"}", &back,
+                                  &err) == TD_ERR_FORMAT,
               "negative epoch accepted");
         CHECK(td_loader_pos_parse("[1]", &back, &err) == TD_ERR_FORMAT, "array accepted");
         char cmd[1300];
@@ -201,7 +209,8 @@ int main(void) {
     }
     CHECK(eq, "ranks of world 2 do not partition the world-1 batches");
     td_loader_pos p0 = td_loader_tell(r0), p1 = td_loader_tell(r1);
-    CHECK(p0.epoch == p1.epoch && p0.index == p1.index && p0.rng == p1.rng, "ranks disagree on the position");
+    CHECK(p0.epoch == p1.epoch && p0.index == p1.index && p0.rng == p1.rng,
+          "ranks disagree on the position");
     td_loader_close(r0);
     td_loader_close(r1);
 
@@ -222,11 +231,12 @@ int main(void) {
     fseek(f, 100, SEEK_SET);
     fputc(0x55, f);
     fclose(f);
-    CHECK(td_loader_open(&p, &l, &err) == TD_ERR_FORMAT && strstr(err.msg, "s1.tdsh"), "corrupt shard: %s", err.msg);
+    CHECK(td_loader_open(&p, &l, &err) == TD_ERR_FORMAT && strstr(err.msg, "s1.tdsh"),
+          "corrupt shard: %s", err.msg);
     int32_t other[10] = {0};
     CHECK(td_shard_write(paths[1], 1000, other, 10, 1, &err) == TD_OK, "write");
-    CHECK(td_loader_open(&p, &l, &err) == TD_ERR_INVALID && strstr(err.msg, "vocabulary"), "vocab mismatch: %s",
-          err.msg);
+    CHECK(td_loader_open(&p, &l, &err) == TD_ERR_INVALID && strstr(err.msg, "vocabulary"),
+          "vocab mismatch: %s", err.msg);
     for (int s = 0; s < 3; s++) {
         free(data[s]);
         remove(paths[s]);

@@ -37,7 +37,8 @@ static void test_round_trip(void) {
     for (int v = 0; v < 4; v++) {
         int vocab = vocabs[v];
         int32_t ids[777];
-        for (int i = 0; i < 777; i++) ids[i] = (int32_t)(((uint32_t)i * 2654435761u) % (uint32_t)vocab);
+        for (int i = 0; i < 777; i++)
+            ids[i] = (int32_t)(((uint32_t)i * 2654435761u) % (uint32_t)vocab);
         ids[0] = vocab - 1;
         ids[1] = 0;
         snprintf(p, sizeof p, "%s/rt%d.tdsh", dir, v);
@@ -45,9 +46,10 @@ static void test_round_trip(void) {
         td_shard *s = NULL;
         CHECK(td_shard_open(p, &s, &err) == TD_OK, "open: %s", err.msg);
         if (!s) continue;
-        CHECK(td_shard_tokens(s) == 777 && td_shard_docs(s) == 5 && td_shard_vocab(s) == vocab, "header fields");
-        CHECK(td_shard_token_bytes(s) == (vocab <= 65536 ? 2 : 4), "vocab %d: %d-byte tokens", vocab,
-              td_shard_token_bytes(s));
+        CHECK(td_shard_tokens(s) == 777 && td_shard_docs(s) == 5 && td_shard_vocab(s) == vocab,
+              "header fields");
+        CHECK(td_shard_token_bytes(s) == (vocab <= 65536 ? 2 : 4), "vocab %d: %d-byte tokens",
+              vocab, td_shard_token_bytes(s));
         int32_t back[777];
         td_shard_read(s, 0, 777, back);
         CHECK(!memcmp(back, ids, sizeof ids), "vocab %d: tokens differ", vocab);
@@ -55,7 +57,8 @@ static void test_round_trip(void) {
         CHECK(!memcmp(back, ids + 700, 77 * sizeof *ids), "vocab %d: offset read differs", vocab);
         struct stat st;
         stat(p, &st);
-        CHECK(st.st_size == 64 + 777 * td_shard_token_bytes(s) + 8, "file size %lld", (long long)st.st_size);
+        CHECK(st.st_size == 64 + 777 * td_shard_token_bytes(s) + 8, "file size %lld",
+              (long long)st.st_size);
         td_shard_close(s);
     }
     // An empty shard is valid.
@@ -67,8 +70,9 @@ static void test_round_trip(void) {
     td_shard_close(s);
     int32_t bad[3] = {1, 10, 2};
     snprintf(p, sizeof p, "%s/bad.tdsh", dir);
-    CHECK(td_shard_write(p, 10, bad, 3, 1, &err) == TD_ERR_INVALID && strstr(err.msg, "token 1 = 10"),
-          "out-of-range id: %s", err.msg);
+    CHECK(
+        td_shard_write(p, 10, bad, 3, 1, &err) == TD_ERR_INVALID && strstr(err.msg, "token 1 = 10"),
+        "out-of-range id: %s", err.msg);
     CHECK(!td_file_exists(p), "file written for bad ids");
 }
 
@@ -90,7 +94,8 @@ static void test_corruption(void) {
         trunc += td_shard_open(q, &s, &err) == TD_ERR_FORMAT && !s;
         named += strstr(err.msg, "truncated") || strstr(err.msg, "marker");
     }
-    CHECK(trunc == (int)n && named == (int)n, "truncations: %d detected, %d named, of %zu", trunc, named, n);
+    CHECK(trunc == (int)n && named == (int)n, "truncations: %d detected, %d named, of %zu", trunc,
+          named, n);
     char *m = malloc(n);
     for (size_t i = 0; i < n; i++) {
         memcpy(m, orig, n);
@@ -102,7 +107,8 @@ static void test_corruption(void) {
     memcpy(m, orig, n);
     m[64 + 10] ^= 1;
     write_bytes(q, m, n);
-    CHECK(td_shard_open(q, &s, &err) == TD_ERR_FORMAT && strstr(err.msg, "payload checksum"), "%s", err.msg);
+    CHECK(td_shard_open(q, &s, &err) == TD_ERR_FORMAT && strstr(err.msg, "payload checksum"), "%s",
+          err.msg);
     free(m);
     free(orig);
 }
@@ -123,7 +129,8 @@ static td_status fake_encode(void *ctx, const char *text, size_t len, td_tokens 
 }
 
 // Concatenates every shard <name>-<split>-*.tdsh in order; returns the token count.
-static size_t read_split(const char *d, const char *name, const char *split, int32_t *out, size_t cap, int *nshards) {
+static size_t read_split(const char *d, const char *name, const char *split, int32_t *out,
+                         size_t cap, int *nshards) {
     size_t n = 0;
     *nshards = 0;
     for (int i = 0;; i++) {
@@ -151,7 +158,8 @@ static void test_prepare_fake(void) {
     mkdir(d, 0755);
     snprintf(f1, sizeof f1, "%s/a.txt", d);
     snprintf(f2, sizeof f2, "%s/b.txt", d);
-    const char *t1 = "doc one line 1\ndoc one line 2\n\n\ndoc two\r\n  \nthree", *t2 = "\n\nfour\nfour b\n";
+    const char *t1 = "doc one line 1\ndoc one line 2\n\n\ndoc two\r\n  \nthree",
+               *t2 = "\n\nfour\nfour b\n";
     write_bytes(f1, t1, strlen(t1));
     write_bytes(f2, t2, strlen(t2));
     const char *files[] = {f1, f2};
@@ -164,9 +172,10 @@ static void test_prepare_fake(void) {
     td_shard_prepare_stats st;
     td_err err = {0};
     CHECK(td_shard_prepare(&p, files, 2, &st, &err) == TD_OK, "prepare: %s", err.msg);
-    CHECK(st.docs[0] == 4 && st.docs[1] == 0 && st.shards[0] == 1 && st.shards[1] == 0, "docs %llu/%llu",
-          (unsigned long long)st.docs[0], (unsigned long long)st.docs[1]);
-    const char *want_docs[] = {"doc one line 1\ndoc one line 2", "doc two", "three", "four\nfour b"};
+    CHECK(st.docs[0] == 4 && st.docs[1] == 0 && st.shards[0] == 1 && st.shards[1] == 0,
+          "docs %llu/%llu", (unsigned long long)st.docs[0], (unsigned long long)st.docs[1]);
+    const char *want_docs[] = {"doc one line 1\ndoc one line 2", "doc two", "three",
+                               "four\nfour b"};
     int32_t want[256], got[512];
     size_t wn = 0;
     for (int i = 0; i < 4; i++) {
@@ -175,7 +184,8 @@ static void test_prepare_fake(void) {
     }
     int ns;
     size_t gn = read_split(d, "x", "train", got, 512, &ns);
-    CHECK(gn == wn && !memcmp(got, want, wn * sizeof *got), "blank-line documents + EOS: %zu vs %zu tokens", gn, wn);
+    CHECK(gn == wn && !memcmp(got, want, wn * sizeof *got),
+          "blank-line documents + EOS: %zu vs %zu tokens", gn, wn);
     CHECK(st.tokens[0] == wn, "stats tokens");
     // BOS before, line mode, tiny shards: the concatenated stream is the same tokens.
     p.docs = TD_SHARD_DOC_LINE;
@@ -183,14 +193,16 @@ static void test_prepare_fake(void) {
     p.shard_tokens = 7;
     p.name = "y";
     CHECK(td_shard_prepare(&p, files, 2, &st, &err) == TD_OK, "prepare: %s", err.msg);
-    const char *lines[] = {"doc one line 1", "doc one line 2", "doc two", "  ", "three", "four", "four b"};
+    const char *lines[] = {"doc one line 1", "doc one line 2", "doc two", "  ",
+                           "three",          "four",           "four b"};
     wn = 0;
     for (int i = 0; i < 7; i++) {
         want[wn++] = 256;
         for (const char *c = lines[i]; *c; c++) want[wn++] = (unsigned char)*c;
     }
     gn = read_split(d, "y", "train", got, 512, &ns);
-    CHECK(gn == wn && !memcmp(got, want, wn * sizeof *got), "line documents with BOS: %zu vs %zu", gn, wn);
+    CHECK(gn == wn && !memcmp(got, want, wn * sizeof *got), "line documents with BOS: %zu vs %zu",
+          gn, wn);
     CHECK(ns == (int)((wn + 6) / 7) && st.shards[0] == ns, "%d shards for %zu tokens", ns, wn);
     // File mode: two documents.
     p.docs = TD_SHARD_DOC_FILE;
@@ -199,11 +211,13 @@ static void test_prepare_fake(void) {
     CHECK(td_shard_prepare(&p, files, 2, &st, &err) == TD_OK && st.docs[0] == 2, "file mode");
     // A missing file and a failing encoder are errors naming the problem.
     const char *missing[] = {f1, "/nonexistent/x.txt"};
-    CHECK(td_shard_prepare(&p, missing, 2, &st, &err) == TD_ERR_IO && strstr(err.msg, "/nonexistent/x.txt"), "%s",
-          err.msg);
+    CHECK(td_shard_prepare(&p, missing, 2, &st, &err) == TD_ERR_IO &&
+              strstr(err.msg, "/nonexistent/x.txt"),
+          "%s", err.msg);
     p.vocab_size = 100;  // bytes >= 100 are out of range for the shard
     p.sep_id = 99;
-    CHECK(td_shard_prepare(&p, files, 2, &st, &err) == TD_ERR_INVALID && strstr(err.msg, "outside the vocabulary"),
+    CHECK(td_shard_prepare(&p, files, 2, &st, &err) == TD_ERR_INVALID &&
+              strstr(err.msg, "outside the vocabulary"),
           "%s", err.msg);
 }
 
@@ -215,7 +229,9 @@ static void test_split(void) {
     snprintf(f, sizeof f, "%s/docs.txt", d);
     static char text[200000];
     size_t n = 0;
-    for (int i = 0; i < 2000; i++) n += (size_t)sprintf(text + n, "document %d %.*s\n", i, i % 37, "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx");
+    for (int i = 0; i < 2000; i++)
+        n += (size_t)sprintf(text + n, "document %d %.*s\n", i, i % 37,
+                             "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx");
     write_bytes(f, text, n);
     const char *files[] = {f};
     td_shard_prepare_params p = td_shard_prepare_default_params();
@@ -230,8 +246,8 @@ static void test_split(void) {
     td_shard_prepare_stats s1, s2, s3;
     td_err err = {0};
     CHECK(td_shard_prepare(&p, files, 1, &s1, &err) == TD_OK, "%s", err.msg);
-    CHECK(s1.docs[0] + s1.docs[1] == 2000 && s1.docs[1] > 150 && s1.docs[1] < 250, "val docs %llu of 2000",
-          (unsigned long long)s1.docs[1]);
+    CHECK(s1.docs[0] + s1.docs[1] == 2000 && s1.docs[1] > 150 && s1.docs[1] < 250,
+          "val docs %llu of 2000", (unsigned long long)s1.docs[1]);
     p.name = "b";
     CHECK(td_shard_prepare(&p, files, 1, &s2, &err) == TD_OK, "%s", err.msg);
     char a[1300], b[1300];
@@ -239,14 +255,16 @@ static void test_split(void) {
     snprintf(b, sizeof b, "%s/b-val-000000.tdsh", d);
     char *ta, *tb;
     size_t la, lb;
-    CHECK(!td_read_file(a, 0, &ta, &la, &err) && !td_read_file(b, 0, &tb, &lb, &err) && la == lb && !memcmp(ta, tb, la),
+    CHECK(!td_read_file(a, 0, &ta, &la, &err) && !td_read_file(b, 0, &tb, &lb, &err) && la == lb &&
+              !memcmp(ta, tb, la),
           "same seed, different validation shards");
     free(ta);
     free(tb);
     p.seed = 8;
     p.name = "c";
     CHECK(td_shard_prepare(&p, files, 1, &s3, &err) == TD_OK, "%s", err.msg);
-    CHECK(s3.tokens[1] != s1.tokens[1], "another seed gave the same split (%llu tokens)", (unsigned long long)s3.tokens[1]);
+    CHECK(s3.tokens[1] != s1.tokens[1], "another seed gave the same split (%llu tokens)",
+          (unsigned long long)s3.tokens[1]);
     // By tokens: validation holds within one document of 25% of the tokens.
     p.split = TD_SHARD_SPLIT_TOKENS;
     p.val_fraction = 0.25;
@@ -256,7 +274,9 @@ static void test_split(void) {
     CHECK(frac > 0.245 && frac < 0.255, "token split %.4f", frac);
     p.val_fraction = 0;
     p.name = "e";
-    CHECK(td_shard_prepare(&p, files, 1, &s1, &err) == TD_OK && s1.docs[1] == 0 && s1.shards[1] == 0, "no val");
+    CHECK(
+        td_shard_prepare(&p, files, 1, &s1, &err) == TD_OK && s1.docs[1] == 0 && s1.shards[1] == 0,
+        "no val");
 }
 
 // End to end: train a small BPE tokenizer, prepare Brown text with it, decode each document back.
@@ -266,7 +286,8 @@ static void test_prepare_tokenizer(void) {
     char *brown;
     size_t blen;
     td_err err = {0};
-    CHECK(td_read_file(bp, 0, &brown, &blen, &err) == TD_OK, "%s (run node bench/brown_text.js)", err.msg);
+    CHECK(td_read_file(bp, 0, &brown, &blen, &err) == TD_OK, "%s (run node bench/brown_text.js)",
+          err.msg);
     if (!brown) return;
     size_t k = 200000;
     while (k < blen && brown[k - 1] != '\n') k++;
@@ -279,8 +300,9 @@ static void test_prepare_tokenizer(void) {
     td_bpe_params bp_ = td_bpe_default_params();
     bp_.vocab_size = 512;
     td_bpe_trainer *tr = NULL;
-    CHECK(td_bpe_trainer_new(&bp_, &tr, &err) == TD_OK && td_bpe_feed(tr, brown, k, &err) == TD_OK &&
-              td_bpe_train(tr, &err) == TD_OK && td_bpe_write(tr, tokdir, &err) == TD_OK,
+    CHECK(td_bpe_trainer_new(&bp_, &tr, &err) == TD_OK &&
+              td_bpe_feed(tr, brown, k, &err) == TD_OK && td_bpe_train(tr, &err) == TD_OK &&
+              td_bpe_write(tr, tokdir, &err) == TD_OK,
           "train: %s", err.msg);
     td_bpe_trainer_free(tr);
     td_tokenizer *tok = NULL;
@@ -315,7 +337,8 @@ static void test_prepare_tokenizer(void) {
         if (ids[i] != p.sep_id) continue;
         char *text;
         size_t tl;
-        CHECK(td_tokenizer_decode(tok, ids + start, i - start, false, &text, &tl, &err) == TD_OK, "decode");
+        CHECK(td_tokenizer_decode(tok, ids + start, i - start, false, &text, &tl, &err) == TD_OK,
+              "decode");
         // Find this line at or after the cursor (validation lines are skipped over).
         for (;;) {
             const char *nl = memchr(cursor, '\n', (size_t)(brown + k - cursor));
@@ -332,8 +355,8 @@ static void test_prepare_tokenizer(void) {
         docs++;
         start = i + 1;
     }
-    CHECK(docs == st.docs[0] && matched == docs, "%zu train documents, %zu matched input lines in order", docs,
-          matched);
+    CHECK(docs == st.docs[0] && matched == docs,
+          "%zu train documents, %zu matched input lines in order", docs, matched);
     // Four encoder threads write byte-identical shards.
     p.n_threads = 4;
     p.name = "brown4";
@@ -348,7 +371,8 @@ static void test_prepare_tokenizer(void) {
         size_t la = 0, lb = 0;
         td_read_file(a, 0, &ta, &la, &err);
         td_read_file(b, 0, &tb, &lb, &err);
-        CHECK(ta && tb && la == lb && !memcmp(ta, tb, la), "%s shard differs with 4 threads", sp[v]);
+        CHECK(ta && tb && la == lb && !memcmp(ta, tb, la), "%s shard differs with 4 threads",
+              sp[v]);
         free(ta);
         free(tb);
     }
@@ -370,8 +394,10 @@ static void test_cli(void) {
     snprintf(d, sizeof d, "%s/cli", dir);
     mkdir(d, 0755);
     snprintf(cmd, sizeof cmd,
-             "head -c 100000 '%s/brown.txt' > '%s/in.txt' && '%s' tokenizer train --vocab-size 400 --special '<|x|>' "
-             "--out '%s/tok' '%s/in.txt' && '%s' data prepare --tokenizer '%s/tok' --out '%s' --docs line "
+             "head -c 100000 '%s/brown.txt' > '%s/in.txt' && '%s' tokenizer train --vocab-size 400 "
+             "--special '<|x|>' "
+             "--out '%s/tok' '%s/in.txt' && '%s' data prepare --tokenizer '%s/tok' --out '%s' "
+             "--docs line "
              "--val-fraction 0.1 --split tokens '%s/in.txt'",
              td_test_data_dir(), d, bin, d, d, bin, d, d, d);
     CHECK(system(cmd) == 0, "command failed: %s", cmd);
@@ -379,13 +405,15 @@ static void test_cli(void) {
     snprintf(p, sizeof p, "%s/data-train-000000.tdsh", d);
     td_shard *s = NULL;
     td_err err = {0};
-    CHECK(td_shard_open(p, &s, &err) == TD_OK && td_shard_vocab(s) == 400 && td_shard_tokens(s) > 10000,
+    CHECK(td_shard_open(p, &s, &err) == TD_OK && td_shard_vocab(s) == 400 &&
+              td_shard_tokens(s) > 10000,
           "CLI shard: %s", err.msg);
     td_shard_close(s);
     snprintf(cmd, sizeof cmd, "'%s' data prepare --out x >/dev/null 2>&1", bin);
     int rc = system(cmd);
     CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "usage error exit %d", rc);
-    snprintf(cmd, sizeof cmd, "'%s' tokenizer train --vocab-size 12 --out x y >/dev/null 2>&1", bin);
+    snprintf(cmd, sizeof cmd, "'%s' tokenizer train --vocab-size 12 --out x y >/dev/null 2>&1",
+             bin);
     rc = system(cmd);
     CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "usage error exit %d", rc);
 }
