@@ -634,11 +634,10 @@ static void *engine_thread(void *arg) {
         }
         // Admit pending requests in order while the scheduler has room.
         while (e->pend_head) {
-            ereq *r = e->pend_head;
-            if (!req_admit(e, r)) break;
-            e->pend_head = r->qnext;
+            ereq *r = e->pend_head, *next = r->qnext;
+            if (!req_admit(e, r)) break;  // (r may be freed now: an admission error ends it)
+            e->pend_head = next;
             if (!e->pend_head) e->pend_tail = NULL;
-            r->qnext = NULL;
             pthread_mutex_lock(&e->mu);
             e->n_pending--;
             pthread_mutex_unlock(&e->mu);
