@@ -278,6 +278,35 @@ static int forward_greedy(const td_model *m, const int32_t *prompt, int np, int 
     return k;
 }
 
+// td_forward_run_kv's argument checks, and the external-KV forward refusing td_forward_run.
+static void test_forward_external(const td_model *m) {
+    td_forward_params fp = td_forward_default_params();
+    fp.external_kv = true;
+    fp.max_ctx = 64;
+    td_forward *f = NULL;
+    td_err err = {0};
+    CHECK(td_forward_create(m, &fp, &f, &err) == TD_OK, "external-KV forward: %s", err.msg);
+    if (!f) return;
+    int32_t tok = 1, pos = 0, seq = 0, blk = 0;
+    const int32_t *tab[1] = {&blk};
+    const int kv_dim = m->cfg.n_kv_heads * m->cfg.head_dim, L = m->cfg.n_layers;
+    float *k = calloc((size_t)16 * kv_dim, sizeof(float)), *v = calloc((size_t)16 * kv_dim, sizeof(float));
+    float *logits = malloc((size_t)m->cfg.vocab_size * sizeof(float));
+    td_kv_layer kvl[16];
+    for (int l = 0; l < L && l < 16; l++)
+        kvl[l] = (td_kv_layer){.k = k, .v = v, .block_table = tab, .block_size = 16, .kv_dim = kv_dim};
+    td_batch b = {.n_tokens = 1, .tokens = &tok, .pos = &pos, .seq_id = &seq};
+    CHECK(td_forward_run(f, &b, logits, &err) == TD_ERR_INVALID, "td_forward_run on an external-KV forward");
+    CHECK(td_forward_run_kv(f, &b, kvl, logits, &err) == TD_OK, "run_kv: %s", err.msg);
+    kvl[L - 1].kv_dim = kv_dim + 1;
+    CHECK(td_forward_run_kv(f, &b, kvl, logits, &err) == TD_ERR_INVALID, "run_kv with a wrong kv_dim");
+    kvl[L - 1].kv_dim = kv_dim;
+    pos = 64;
+    CHECK(td_forward_run_kv(f, &b, kvl, logits, &err) == TD_ERR_INVALID, "run_kv beyond max_ctx");
+    free(k), free(v), free(logits);
+    td_forward_free(f);
+}
+
 static void test_greedy_oracle(void) {
     const char *names[] = {"llama2", "llama3", "mistral", "qwen2", "qwen3", "llama2-q8_0.gguf"};
     int32_t gp[64];
@@ -728,6 +757,7 @@ int main(int argc, char **argv) {
     test_greedy_oracle();
     loaded L;
     if (load("llama2", &L)) {
+        test_forward_external(L.m);
         test_batch_invariance(&L);
         test_prefix_and_prompt_logprobs(&L);
         test_cancel_n_stop(&L);
