@@ -45,6 +45,7 @@ typedef struct ereq {
     bool cancelled;       // set under mu by cancel
     bool seen_cancel;     // engine thread acted on it
     bool forked;          // first sample done (children forked)
+    bool scheduled;       // choice 0 was in a step (admitted at least once)
     bool want_prompt_lp;
     int prompt_lp_next;   // next prompt position whose logprob event is owed (0: the first token)
     int completion_tokens, cached_tokens;
@@ -508,7 +509,10 @@ static bool step(td_eng *e) {
         entry_meta *mt = &e->meta[i];
         mt->row0 = rows;
         mt->lp_first = -1;
-        if (en->n_cached_tokens > 0 && r->cached_tokens == 0 && j == 0) r->cached_tokens = en->n_cached_tokens;
+        if (j == 0 && !r->scheduled) {  // usage counts the first admission's prefix-cache hit
+            r->cached_tokens = en->n_cached_tokens;
+            r->scheduled = true;
+        }
         // Prompt logprobs: the row at position p predicts prompt token p + 1.
         const int lp_from = r->prompt_lp_next > 1 ? r->prompt_lp_next - 1 : 0;  // first position wanted
         const bool lp = r->want_prompt_lp && j == 0 && en->is_prefill && r->prompt_lp_next < r->g.n_prompt;
