@@ -166,7 +166,7 @@ async function testConcurrentEqualsSolo() {
 async function testAbort() {
   const ab0 = metric(await metrics(), 'tandem:engine_aborted_requests_total');
   const ctl = new AbortController();
-  const s = await client.completions.create({ model: MODEL, prompt: 'abort me please', max_tokens: 400, stream: true, ignore_eos: true },
+  const s = await client.completions.create({ model: MODEL, prompt: 'abort me please', max_tokens: 490, stream: true, ignore_eos: true },
                                             { signal: ctl.signal });
   let n = 0;
   try { for await (const ch of s) { if (++n === 3) ctl.abort(); } } catch (e) { /* aborted */ }
