@@ -57,6 +57,7 @@ typedef struct entry_meta {  // per step entry: where its logits rows are, what 
     bool needs_logits;
     int last_pos;
     int row0, n_rows;
+    bool lp;       // prompt logprob events are owed by this entry's request (choice 0 prefill)
     int lp_first;  // first position p whose row is a prompt-logprob row (predicts p + 1); -1 none
 } entry_meta;
 
@@ -516,6 +517,7 @@ static bool step(td_eng *e) {
         // Prompt logprobs: the row at position p predicts prompt token p + 1.
         const int lp_from = r->prompt_lp_next > 1 ? r->prompt_lp_next - 1 : 0;  // first position wanted
         const bool lp = r->want_prompt_lp && j == 0 && en->is_prefill && r->prompt_lp_next < r->g.n_prompt;
+        mt->lp = lp;
         e->tables[i] = en->table.ids;
         for (int t = 0; t < en->n_tokens; t++, T++) {
             const int p = en->start_pos + t;
@@ -560,11 +562,11 @@ static bool step(td_eng *e) {
         if (!r) continue;  // ended earlier in this loop
         const int j = (int)(mt->seq & (TD_ENG_MAX_N - 1));
         int row = mt->row0;
+        if (mt->lp && r->prompt_lp_next == 0) {  // the first prompt token has no logprob
+            emit_token(e, r, -1, true, r->g.prompt[0], NULL, 0, NULL, 0);
+            r->prompt_lp_next = 1;
+        }
         if (mt->lp_first >= 0) {
-            if (r->prompt_lp_next == 0) {  // the first prompt token has no logprob
-                emit_token(e, r, -1, true, r->g.prompt[0], NULL, 0, NULL, 0);
-                r->prompt_lp_next = 1;
-            }
             int k = r->g.prompt_logprobs;
             for (int p = mt->lp_first; p + 1 < r->g.n_prompt && p <= mt->last_pos; p++, row++) {
                 if (p + 1 != r->prompt_lp_next) continue;  // cannot happen: rows are in order

@@ -475,6 +475,13 @@ static void test_prefix_and_prompt_logprobs(loaded *L) {
         CHECK(fabs(r->lp[0][0] - lp0) < 2e-4, "first token logprob %g vs oracle %g", r->lp[0][0], lp0);
         printf("prompt logprobs (300 tokens, warm cache, 32-token chunks): max |d| %.2e\n", d);
         free(r);
+        // A one-token prompt: one prompt event, without a logprob.
+        g = greq(p300, 1, 2);
+        g.prompt_logprobs = 0;
+        r = run1(e, &g);
+        CHECK(r->np == 1 && !r->phas[0] && r->ptok[0] == p300[0] && r->ntok[0] == 2, "1-token prompt: %d prompt events",
+              r->np);
+        free(r);
     }
     free(raw);
     free_eng(e);
