@@ -860,6 +860,11 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
 
     // Context and KV pool.
     int max_ctx = p.max_model_len > 0 ? p.max_model_len : (c->max_pos > 0 ? c->max_pos : 4096);
+    if (p.max_model_len > 0 && c->max_pos > 0 && p.max_model_len > c->max_pos) {
+        st = td_err_set(err, TD_ERR_INVALID, "engine: max_model_len %d exceeds the model's max_position_embeddings %d",
+                        p.max_model_len, c->max_pos);
+        goto fail;
+    }
     td_kv_pool_params kp = td_kv_pool_default_params();
     kp.block_size = p.block_size;
     kp.n_layers = c->n_layers;

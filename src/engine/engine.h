@@ -35,7 +35,8 @@ typedef struct td_eng_params {
     int max_waiting;            // sequences queued in the scheduler beyond those (default 256)
     int max_queue;              // requests accepted and not yet done; beyond: TD_ERR_LIMIT (default 4096)
     int max_model_len;          // tokens per sequence; 0: the model's max_position_embeddings
-                                //   (4096 if unknown). Clamped to what the pool holds.
+                                //   (4096 if unknown); more than that is TD_ERR_INVALID. Lowered
+                                //   to what the pool holds.
     bool enable_prefix_cache;   // default true
     int n_threads;              // forward threads; <= 0: all online CPUs
     const char *chat_template;  // Jinja source overriding the tokenizer's (copied); NULL: tokenizer's
