@@ -65,6 +65,13 @@ async function testChat() {
   const msgs = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Once upon a time' }];
   const tk = await post('/tokenize', { model: MODEL, messages: msgs });
   check(tk.status === 200 && tk.json.count > 5, 'tokenize messages', tk.json);
+  // The template as @huggingface/jinja renders it (transformers.js), tokenized without specials.
+  const { Template } = require(path.join(__dirname, '../oracle/node_modules/@huggingface/jinja'));
+  const cfg = JSON.parse(fs.readFileSync(path.join(path.dirname(arg('--oracle')), om.path, 'tokenizer_config.json'), 'utf8'));
+  const rendered = new Template(cfg.chat_template).render({ messages: msgs, add_generation_prompt: true,
+                                                            bos_token: cfg.bos_token, eos_token: cfg.eos_token });
+  const rt = await post('/tokenize', { model: MODEL, prompt: rendered, add_special_tokens: false });
+  check(JSON.stringify(rt.json.tokens) === JSON.stringify(tk.json.tokens), 'chat template == @huggingface/jinja render', [rendered, rt.json, tk.json]);
   const chat = await client.chat.completions.create({ model: MODEL, messages: msgs, max_tokens: 12, temperature: 0 });
   check(chat.usage.prompt_tokens === tk.json.count, 'chat prompt tokens == rendered template tokens', [chat.usage, tk.json.count]);
   // The same tokens as a completion prompt give the same greedy text.
