@@ -16,6 +16,7 @@ static void usage(FILE *f) {
             "\n"
             "commands:\n"
             "  run MODEL        generate text from a prompt (MODEL: model directory or .gguf)\n"
+            "  serve [MODEL]    serve an OpenAI-compatible API (docs/serving.md)\n"
             "  tokenize PATH    print the token ids of a text\n"
             "  detokenize PATH  print the text of token ids\n"
             "  tokenizer train  learn a byte-level BPE tokenizer from text files\n"
@@ -33,6 +34,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "run")) return td_cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return td_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return td_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return td_cmd_detokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenizer")) {
