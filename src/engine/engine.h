@@ -3,7 +3,7 @@
 // per choice, stop matcher, incremental detokenizer, log-probability requests) and one engine
 // thread that runs the step loop: new submissions and cancels -> td_sched_step -> one flat batch
 // with block tables from the pool -> forward -> sample -> events. It implements the server's
-// td_engine_iface (server/serve_engine.h), whose request/sink/threading contract it follows.
+// td_engine_iface (engine/serve_api.h), whose request/sink/threading contract it follows.
 // Not here: HTTP (server/), request validation beyond what it needs to stay safe (the server
 // validates bodies), signals.
 #ifndef TD_ENGINE_ENGINE_H
@@ -15,7 +15,7 @@
 
 #include "base/status.h"
 #include "model/model.h"
-#include "server/serve_engine.h"
+#include "engine/serve_api.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct td_eng td_eng;
@@ -59,7 +59,7 @@ void td_eng_free(td_eng *e);
 // The server's view of this engine: vt + ctx, valid while e lives.
 td_engine td_eng_iface(td_eng *e);
 
-// The iface methods, callable directly (same contracts as td_engine_iface in serve_engine.h).
+// The iface methods, callable directly (same contracts as td_engine_iface in engine/serve_api.h).
 // submit copies *req and *sink (req's pointers must stay valid until on_done, as the contract
 // says); it checks what the engine relies on (n in [1, TD_ENG_MAX_N], prompt ids inside the
 // vocabulary, prompt shorter than max_model_len, max_tokens >= 1, sampling ranges, stop strings,
