@@ -433,8 +433,10 @@ td_status td_plot_render(const td_plot_params *p, const td_plot_series *s, int n
     if (right - left < 50 || bottom - top < 50)
         return td_err_set(err, TD_ERR_INVALID, "plot: %dx%d is too small for the labels", p->width,
                           p->height);
-    td_plot_layout L = {.left = left, .top = top, .right = right, .bottom = bottom, .x0 = x0,
-                        .x1 = x1, .y0 = y0, .y1 = y1, .log_y = p->log_y};
+    // 2% margins left and right so that points at the ends do not sit on the frame.
+    double xm = (x1 - x0) * 0.02;
+    td_plot_layout L = {.left = left, .top = top, .right = right, .bottom = bottom, .x0 = x0 - xm,
+                        .x1 = x1 + xm, .y0 = y0, .y1 = y1, .log_y = p->log_y};
 #define PX(x) (L.left + ((x) - L.x0) / (L.x1 - L.x0) * (L.right - L.left))
 #define PY(v) (L.bottom - ((v) - L.y0) / (L.y1 - L.y0) * (L.bottom - L.top))
 
