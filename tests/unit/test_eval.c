@@ -187,6 +187,51 @@ static void test_batching(const ref_model *rm, const char *shard) {
     td_model_free(m);
 }
 
+// Windows at every offset (not only prefixes) against the PyTorch reference run on the f32
+// Hugging Face directories (eval_oracle.py windows): batch 4 in 50-token slices.
+static void test_windows_torch(const char *name) {
+    char dir[1200], cmd[4096];
+    td_path_join(dir, sizeof dir, ref_dir, name);
+    snprintf(cmd, sizeof cmd,
+             "/usr/bin/python3 tests/reference/eval_oracle.py windows '%s' '%s' len300 32", ref_dir,
+             dir);
+    int status;
+    char *out = run_cmd(cmd, &status);
+    cJSON *o = out && status == 0 ? cJSON_Parse(out) : NULL;
+    free(out);
+    const cJSON *sums = cJSON_GetObjectItem(o, "sums");
+    CHECK(cJSON_GetArraySize(sums) == 9, "%s: torch windows (status %d)", cmd, status);
+    td_model *m = NULL;
+    td_err err = {0};
+    if (cJSON_GetArraySize(sums) != 9) {
+        cJSON_Delete(o);
+        return;
+    }
+    if (td_model_load(dir, &m, &err) != TD_OK) {
+        CHECK(0, "%s: %s", dir, err.msg);
+        cJSON_Delete(o);
+        return;
+    }
+    const int T = 32, nw = 9;
+    int32_t w[9 * 33];
+    for (int j = 0; j < nw; j++) memcpy(w + j * (T + 1), prompt + j * T, sizeof(int32_t) * (T + 1));
+    double per[9], sum = 0, worst = 0;
+    td_eval *e = make_eval(m, T, 4, 50);
+    if (e && td_eval_nll(e, w, nw, per, &sum, &err) == TD_OK) {
+        for (int j = 0; j < nw; j++) {
+            double want = cJSON_GetNumberValue(cJSON_GetArrayItem(sums, j)) / T;
+            CHECK_NEAR(per[j] / T, want, TOL, "window vs torch");
+            worst = fmax(worst, fabs(per[j] / T - want));
+        }
+        printf("%-16s T=32, 9 windows, batch 4: worst |nll - torch| %.2g\n", name, worst);
+    } else {
+        CHECK(0, "%s: %s", name, err.msg);
+    }
+    td_eval_free(e);
+    td_model_free(m);
+    cJSON_Delete(o);
+}
+
 static void test_errors(const ref_model *rm, const char *shard) {
     td_model *m = NULL;
     td_err err = {0};
@@ -315,6 +360,8 @@ int main(void) {
         test_oracle_window(&models[i], shard);
         test_batching(&models[i], shard);
     }
+    test_windows_torch("llama2");
+    test_windows_torch("qwen3");
     test_errors(&models[0], shard);
     test_cli(shard);
     TEST_DONE();
