@@ -3,6 +3,7 @@
 // work is in src/train/eval.c, src/train/plot.c and src/base/png.c.
 #include "cli/cmd_eval.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,12 +99,24 @@ int td_cmd_eval(int argc, char **argv) {
         st = td_eval_create_for_model(m, &p, &e, &err);
         if (!st) st = td_eval_shards(e, paths, n_paths, (uint64_t)max_tokens, &r, &err);
         if (!st) {
-            if (json)
-                printf("{\"model\":\"%s\",\"shards\":%d,\"seq_len\":%d,\"batch\":%d,\"windows\":%llu,"
-                       "\"tokens\":%llu,\"nll\":%.9f,\"ppl\":%.9g,\"seconds\":%.6f,"
-                       "\"tokens_per_s\":%.3f}\n",
-                       model_path, n_paths, p.seq_len, p.batch, (unsigned long long)r.windows,
-                       (unsigned long long)r.tokens, r.nll, r.ppl, r.seconds, r.tokens_per_s);
+            if (json) {
+                // cJSON escapes the path; numbers keep full precision.
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddStringToObject(o, "model", model_path);
+                cJSON_AddNumberToObject(o, "shards", n_paths);
+                cJSON_AddNumberToObject(o, "seq_len", p.seq_len);
+                cJSON_AddNumberToObject(o, "batch", p.batch);
+                cJSON_AddNumberToObject(o, "windows", (double)r.windows);
+                cJSON_AddNumberToObject(o, "tokens", (double)r.tokens);
+                cJSON_AddNumberToObject(o, "nll", r.nll);
+                cJSON_AddNumberToObject(o, "ppl", r.ppl);
+                cJSON_AddNumberToObject(o, "seconds", r.seconds);
+                cJSON_AddNumberToObject(o, "tokens_per_s", r.tokens_per_s);
+                char *txt = cJSON_PrintUnformatted(o);
+                if (txt) printf("%s\n", txt);
+                free(txt);
+                cJSON_Delete(o);
+            }
             else
                 printf("model       %s\n"
                        "shards      %d\n"

@@ -112,8 +112,7 @@ void td_eval_free(td_eval *e) {
     free(e);
 }
 
-// -log softmax(row)[target], in double: logsumexp(row) - row[target].
-static double token_nll(const float *row, int vocab, int target) {
+double td_eval_token_nll(const float *row, int vocab, int target) {
     float mx = row[0];
     for (int i = 1; i < vocab; i++) mx = row[i] > mx ? row[i] : mx;
     double s = 0;
@@ -159,7 +158,7 @@ td_status td_eval_nll(td_eval *e, const int32_t *windows, size_t n, double *per_
             for (size_t k = 0; k < ns; k++) {
                 size_t i = s0 + k, j = i / T, t = i % T;
                 int target = windows[(w0 + j) * W + t + 1];
-                double l = token_nll(e->logits + k * (size_t)e->vocab, e->vocab, target);
+                double l = td_eval_token_nll(e->logits + k * (size_t)e->vocab, e->vocab, target);
                 total += l;
                 if (per_window) per_window[w0 + j] += l;
             }

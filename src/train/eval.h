@@ -54,6 +54,10 @@ td_status td_eval_create_for_model(const td_model *m, const td_eval_params *p, t
 td_status td_eval_nll(td_eval *e, const int32_t *windows, size_t n, double *per_window, double *sum,
                       td_err *err);
 
+// -log softmax(row)[target] in double (logsumexp(row) - row[target]): the per-token loss above,
+// for a trainer whose own forward produces the logits row[vocab].
+double td_eval_token_nll(const float *row, int vocab, int target);
+
 // ---- over token shards (`tandem eval`) ----
 
 typedef struct td_eval_result {
