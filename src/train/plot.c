@@ -135,7 +135,6 @@ static const glyph FONT[] = {
     {'d', {0x01, 0x01, 0x0D, 0x13, 0x11, 0x11, 0x0F}},
     {'e', {0x00, 0x00, 0x0E, 0x11, 0x1F, 0x10, 0x0E}},
     {'f', {0x06, 0x09, 0x08, 0x1C, 0x08, 0x08, 0x08}},
-    {'g', {0x00, 0x0F, 0x11, 0x11, 0x0F, 0x01, 0x0E}},
     {'h', {0x10, 0x10, 0x16, 0x19, 0x11, 0x11, 0x11}},
     {'i', {0x04, 0x00, 0x0C, 0x04, 0x04, 0x04, 0x0E}},
     {'j', {0x02, 0x00, 0x06, 0x02, 0x02, 0x12, 0x0C}},
@@ -144,8 +143,6 @@ static const glyph FONT[] = {
     {'m', {0x00, 0x00, 0x1A, 0x15, 0x15, 0x11, 0x11}},
     {'n', {0x00, 0x00, 0x16, 0x19, 0x11, 0x11, 0x11}},
     {'o', {0x00, 0x00, 0x0E, 0x11, 0x11, 0x11, 0x0E}},
-    {'p', {0x00, 0x00, 0x1E, 0x11, 0x1E, 0x10, 0x10}},
-    {'q', {0x00, 0x00, 0x0D, 0x13, 0x0F, 0x01, 0x01}},
     {'r', {0x00, 0x00, 0x16, 0x19, 0x10, 0x10, 0x10}},
     {'s', {0x00, 0x00, 0x0E, 0x10, 0x0E, 0x01, 0x1E}},
     {'t', {0x08, 0x08, 0x1C, 0x08, 0x08, 0x09, 0x06}},
@@ -153,7 +150,6 @@ static const glyph FONT[] = {
     {'v', {0x00, 0x00, 0x11, 0x11, 0x11, 0x0A, 0x04}},
     {'w', {0x00, 0x00, 0x11, 0x11, 0x15, 0x15, 0x0A}},
     {'x', {0x00, 0x00, 0x11, 0x0A, 0x04, 0x0A, 0x11}},
-    {'y', {0x00, 0x00, 0x11, 0x11, 0x0F, 0x01, 0x0E}},
     {'z', {0x00, 0x00, 0x1F, 0x02, 0x04, 0x08, 0x1F}},
     {'.', {0x00, 0x00, 0x00, 0x00, 0x00, 0x0C, 0x0C}},
     {',', {0x00, 0x00, 0x00, 0x00, 0x0C, 0x04, 0x08}},
@@ -180,7 +176,23 @@ static const glyph FONT[] = {
     {'?', {0x0E, 0x11, 0x01, 0x02, 0x04, 0x00, 0x04}},
 };
 
-static const uint8_t *glyph_rows(char c) {
+// Letters with descenders: 7 rows drawn 2 rows lower (rows 2..8 of the cell), the x-height part
+// aligned with the other lowercase letters.
+static const glyph FONT_DESC[] = {
+    {'g', {0x0F, 0x11, 0x11, 0x11, 0x0F, 0x01, 0x0E}},
+    {'p', {0x1E, 0x11, 0x11, 0x11, 0x1E, 0x10, 0x10}},
+    {'q', {0x0F, 0x11, 0x11, 0x11, 0x0F, 0x01, 0x01}},
+    {'y', {0x11, 0x11, 0x11, 0x11, 0x0F, 0x01, 0x0E}},
+};
+
+// The rows of c and how many rows down they start (0, or 2 for descenders).
+static const uint8_t *glyph_rows(char c, int *shift) {
+    *shift = 0;
+    for (size_t i = 0; i < sizeof FONT_DESC / sizeof FONT_DESC[0]; i++)
+        if (FONT_DESC[i].c == c) {
+            *shift = 2;
+            return FONT_DESC[i].row;
+        }
     static const uint8_t *table[128];
     static int ready;  // filled once; the table is a pure function of FONT, so a race is benign
     if (!ready) {
@@ -273,11 +285,12 @@ static int text_width(const char *s, int scale) {
 static void draw_text(canvas *c, int x, int y, const char *s, int scale, uint32_t rgb, int vertical) {
     int len = (int)strlen(s), tw = text_width(s, scale);
     for (int i = 0; i < len; i++) {
-        const uint8_t *g = glyph_rows(s[i]);
+        int shift;
+        const uint8_t *g = glyph_rows(s[i], &shift);
         for (int r = 0; r < 7; r++)
             for (int col = 0; col < 5; col++) {
                 if (!(g[r] >> (4 - col) & 1)) continue;
-                int u = (i * GLYPH_ADV + col) * scale, v = r * scale;  // unrotated offsets
+                int u = (i * GLYPH_ADV + col) * scale, v = (r + shift) * scale;  // unrotated offsets
                 for (int a = 0; a < scale; a++)
                     for (int b = 0; b < scale; b++) {
                         if (vertical)
@@ -428,7 +441,11 @@ td_status td_plot_render(const td_plot_params *p, const td_plot_series *s, int n
     const int ch = 7 * FS;  // text height, px
     int left = 12 + (p->y_label ? ch + 12 : 0) + ylab_w + 8;
     int top = p->title ? 16 + 7 * 3 + 12 : 16;
-    int right = p->width - 1 - 24;
+    // Room on the right for half of the last x label, centred on the axis end.
+    char xlast[32];
+    fmt_tick(xlast, sizeof xlast, nxt ? xt[nxt - 1] : 0, xstep);
+    int rmargin = text_width(xlast, FS) / 2 + 8;
+    int right = p->width - 1 - (rmargin > 24 ? rmargin : 24);
     int bottom = p->height - 1 - (8 + ch + 10 + ch + 12);
     if (right - left < 50 || bottom - top < 50)
         return td_err_set(err, TD_ERR_INVALID, "plot: %dx%d is too small for the labels", p->width,
