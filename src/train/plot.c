@@ -25,6 +25,37 @@ void td_plot_log_free(td_plot_log *l) {
     free(l);
 }
 
+typedef struct point {
+    double x, y;
+    size_t ord;  // line order, so the last of equal steps wins
+} point;
+
+static int point_cmp(const void *a, const void *b) {
+    const point *p = a, *q = b;
+    if (p->x != q->x) return p->x < q->x ? -1 : 1;
+    return p->ord < q->ord ? -1 : p->ord > q->ord;
+}
+
+// Sorts the points by step and keeps, for a step logged more than once (a run resumed from an
+// earlier checkpoint appends to the same log), the value logged last. Returns -1 on no memory.
+static int sort_dedupe(double *x, double *y, size_t *n) {
+    if (*n < 2) return 0;
+    point *p = malloc(*n * sizeof *p);
+    if (!p) return -1;
+    for (size_t i = 0; i < *n; i++) p[i] = (point){x[i], y[i], i};
+    qsort(p, *n, sizeof *p, point_cmp);
+    size_t k = 0;
+    for (size_t i = 0; i < *n; i++) {
+        if (i + 1 < *n && p[i + 1].x == p[i].x) continue;  // a later line has this step
+        x[k] = p[i].x;
+        y[k] = p[i].y;
+        k++;
+    }
+    *n = k;
+    free(p);
+    return 0;
+}
+
 td_status td_plot_log_read(const char *path, const char *const *metrics, int n_metrics,
                            td_plot_log **out, td_err *err) {
     *out = NULL;
@@ -75,8 +106,14 @@ td_status td_plot_log_read(const char *path, const char *const *metrics, int n_m
         cJSON_Delete(o);
     }
     free(text);
+    for (int m = 0; m < n_metrics; m++) {
+        if (sort_dedupe(l->x[m], l->y[m], &l->n[m])) goto nomem2;
+    }
     *out = l;
     return TD_OK;
+nomem2:
+    td_plot_log_free(l);
+    return td_err_set(err, TD_ERR_NOMEM, "%s: out of memory", path);
 nomem:
     free(text);
     td_plot_log_free(l);

@@ -16,7 +16,9 @@
 #define TD_PLOT_MAX_METRICS 8
 
 // One log file's series: for each requested metric, the (step, value) pairs of the lines that
-// carry both as finite numbers, in file order. Owned by the log (td_plot_log_free).
+// carry both as finite numbers, sorted by step; when a step appears on several lines (a run
+// resumed from an earlier checkpoint appends to its log), the last line's value is kept.
+// Owned by the log (td_plot_log_free).
 typedef struct td_plot_log {
     char *path;
     int n_metrics;

@@ -47,6 +47,29 @@ static void write_log(const char *path, double k) {
     fclose(f);
 }
 
+// A run resumed from step 50 appends steps 50..150 to its log: the plot shows steps 0..150 once
+// each, with the resumed run's values from 50 on.
+static void test_resume(void) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/resumed.jsonl", work);
+    FILE *f = fopen(path, "w");
+    for (int s = 0; s <= 100; s += 10) fprintf(f, "{\"step\":%d,\"loss\":%d}\n", s, 1000 + s);
+    for (int s = 50; s <= 150; s += 10) fprintf(f, "{\"step\":%d,\"loss\":%d}\n", s, 2000 + s);
+    fclose(f);
+    const char *metrics[1] = {"loss"};
+    td_plot_log *l = NULL;
+    td_err err = {0};
+    CHECK(td_plot_log_read(path, metrics, 1, &l, &err) == TD_OK, "%s", err.msg);
+    if (!l) return;
+    CHECK(l->n[0] == 16, "resumed log: %zu points", l->n[0]);
+    for (size_t i = 0; i < l->n[0] && i < 16; i++) {
+        double want = (double)(i * 10) + (i < 5 ? 1000 : 2000);
+        CHECK(l->x[0][i] == (double)(i * 10) && l->y[0][i] == want, "point %zu: (%g, %g)", i,
+              l->x[0][i], l->y[0][i]);
+    }
+    td_plot_log_free(l);
+}
+
 static void test_log_read(const char *path) {
     const char *metrics[2] = {"loss", "val_loss"};
     td_plot_log *l = NULL;
@@ -244,6 +267,7 @@ int main(void) {
     write_log(a, 300);
     write_log(b, 120);
     test_log_read(a);
+    test_resume();
     test_render(a, b, false);
     test_render(a, b, true);
     test_edges();
