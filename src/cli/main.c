@@ -4,6 +4,7 @@
 
 #include "cli/cli.h"
 #include "cli/cmd_bench_serve.h"
+#include "cli/cmd_eval.h"
 #include "cli/cmd_train_data.h"
 
 #define TANDEM_VERSION "0.1.0"
@@ -22,6 +23,8 @@ static void usage(FILE *f) {
             "  tokenizer train  learn a byte-level BPE tokenizer from text files\n"
             "  data prepare     tokenize a corpus into training shards\n"
             "  bench serve      load-test an OpenAI-compatible server (docs/bench-serve.md)\n"
+            "  eval MODEL       perplexity over token shards (docs/eval.md)\n"
+            "  plot LOG...      training-log loss curves to a PNG (docs/eval.md)\n"
             "\n"
             "`tandem <command> --help` describes a command's options.\n",
             TANDEM_VERSION);
@@ -52,6 +55,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tandem bench: expected a benchmark name: serve\n");
         return 2;
     }
+    if (!strcmp(cmd, "eval")) return td_cmd_eval(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plot")) return td_cmd_plot(argc - 1, argv + 1);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("tandem %s\n", TANDEM_VERSION);
         return 0;
