@@ -4,6 +4,8 @@
 // thread without the mutex held.
 #include "engine/engine.h"
 
+#include "base/rng.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,12 +142,6 @@ static bool is_eos(const td_eng *e, int32_t t) {
     return false;
 }
 
-static uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 static void req_free(ereq *r) {
     if (!r) return;
@@ -216,11 +212,11 @@ td_status td_eng_submit(td_eng *e, const td_gen_request *g, const td_gen_sink *s
     }
     uint64_t base_seed;
     pthread_mutex_lock(&e->mu);
-    base_seed = g->has_seed ? g->seed : mix64(++e->seed_ctr ^ (uint64_t)time(NULL) << 20);
+    base_seed = g->has_seed ? g->seed : td_mix64(++e->seed_ctr ^ (uint64_t)time(NULL) << 20);
     pthread_mutex_unlock(&e->mu);
     for (int j = 0; j < g->n; j++) {
         // Choice j's stream depends only on (seed, j): reproducible whatever else runs.
-        td_rng_seed(&r->ch[j].rng, j == 0 ? base_seed : mix64(base_seed ^ mix64((uint64_t)j)));
+        td_rng_seed(&r->ch[j].rng, j == 0 ? base_seed : td_mix64(base_seed ^ td_mix64((uint64_t)j)));
         r->ch[j].stop = td_stop_create(g->stop, NULL, g->n_stop, err);
         r->ch[j].detok = td_detok_new(e->tok, true);
         if (!r->ch[j].stop || !r->ch[j].detok) {
