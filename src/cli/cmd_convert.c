@@ -12,6 +12,7 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "model/export.h"
+#include "model/gguf.h"
 #include "model/model.h"
 
 static void convert_usage(FILE *f) {
@@ -141,9 +142,20 @@ int td_cmd_convert(int argc, char **argv) {
             td_model_free(m);
             return 1;
         }
-        if (!p.tokenizer)
-            fprintf(stderr, "tandem convert: note: no tokenizer files written (give --tokenizer DIR to copy them)\n");
         st = td_export_hf(out, &m->cfg, &p, td_export_model_get, m, &err);
+        if (!st && !p.tokenizer && !td_is_dir(model)) {
+            // No tokenizer.json to copy: rebuild one from the GGUF vocabulary when it is byte-level.
+            td_gguf *g = NULL;
+            td_err terr = {0};
+            td_status ts = td_gguf_open(model, &g, &terr);
+            if (!ts) ts = td_export_tokenizer_json(g, out, m->cfg.max_pos, &terr);
+            td_gguf_close(g);
+            if (ts)
+                fprintf(stderr, "tandem convert: note: no tokenizer files written (%s); give --tokenizer DIR to copy "
+                        "them\n", terr.msg);
+        } else if (!st && !p.tokenizer) {
+            fprintf(stderr, "tandem convert: note: no tokenizer files written (give --tokenizer DIR to copy them)\n");
+        }
     } else {
         if (!p.tokenizer)
             fprintf(stderr, "tandem convert: warning: no tokenizer (give --tokenizer); the GGUF will have no "

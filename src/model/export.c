@@ -1081,3 +1081,182 @@ done:
     free(enc);
     return st;
 }
+
+// ---- GGUF vocabulary -> tokenizer.json -------------------------------------------------------
+
+static cJSON *str_n(td_gguf_str s) {
+    char *b = malloc(s.len + 1);
+    if (!b) return NULL;
+    memcpy(b, s.ptr, s.len);
+    b[s.len] = 0;
+    cJSON *j = cJSON_CreateString(b);
+    free(b);
+    return j;
+}
+
+static int gstr_is(td_gguf_str s, const char *z) { return s.len == strlen(z) && !memcmp(s.ptr, z, s.len); }
+
+// {"type": "ByteLevel", ...} with the given flags.
+static cJSON *byte_level(int add_prefix_space, int trim_offsets, int use_regex) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "ByteLevel");
+    cJSON_AddBoolToObject(o, "add_prefix_space", add_prefix_space);
+    cJSON_AddBoolToObject(o, "trim_offsets", trim_offsets);
+    cJSON_AddBoolToObject(o, "use_regex", use_regex);
+    return o;
+}
+
+td_status td_export_tokenizer_json(const td_gguf *g, const char *dir, int max_pos, td_err *err) {
+    td_gguf_str model = {0}, pre = {0};
+    if (td_gguf_get_str(g, "tokenizer.ggml.model", &model, NULL))
+        return td_err_set(err, TD_ERR_NOT_FOUND, "%s: no tokenizer.ggml.model", td_gguf_path(g));
+    if (!gstr_is(model, "gpt2"))
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "%s: tokenizer model \"%.*s\" cannot be written as tokenizer.json "
+                          "(only byte-level \"gpt2\" vocabularies)", td_gguf_path(g), (int)model.len, model.ptr);
+    const char *re = NULL;
+    int nfc = 0, ignore_merges = 0;
+    if (td_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL) || gstr_is(pre, "gpt-2") || gstr_is(pre, "default")) {
+        re = NULL;
+    } else if (gstr_is(pre, "llama-bpe") || gstr_is(pre, "llama3")) {
+        re = LLAMA3_RE;
+        ignore_merges = 1;
+    } else if (gstr_is(pre, "qwen2")) {
+        re = QWEN2_RE;
+        nfc = 1;
+    } else {
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "%s: pre-tokenizer \"%.*s\" cannot be written as tokenizer.json",
+                          td_gguf_path(g), (int)pre.len, pre.ptr);
+    }
+    int64_t it = td_gguf_find_key(g, "tokenizer.ggml.tokens"), ity = td_gguf_find_key(g, "tokenizer.ggml.token_type"),
+            im = td_gguf_find_key(g, "tokenizer.ggml.merges");
+    if (it < 0 || im < 0 || td_gguf_arr_type(g, it) != TD_GGUF_STRING || td_gguf_arr_type(g, im) != TD_GGUF_STRING)
+        return td_err_set(err, TD_ERR_FORMAT, "%s: gpt2 vocabulary without tokens/merges string arrays", td_gguf_path(g));
+    uint64_t n = td_gguf_arr_len(g, it);
+    if (ity >= 0 && td_gguf_arr_len(g, ity) != n)
+        return td_err_set(err, TD_ERR_FORMAT, "%s: token_type length differs from tokens", td_gguf_path(g));
+    int64_t bos = -1, eos = -1;
+    bool add_bos = false;
+    td_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &bos, NULL);
+    td_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &eos, NULL);
+    td_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos, NULL);
+    if (bos >= (int64_t)n) bos = -1;
+    if (eos >= (int64_t)n) eos = -1;
+
+    cJSON *tj = cJSON_CreateObject(), *tc = cJSON_CreateObject();
+    cJSON_AddStringToObject(tj, "version", "1.0");
+    cJSON_AddNullToObject(tj, "truncation");
+    cJSON_AddNullToObject(tj, "padding");
+    cJSON *added = cJSON_AddArrayToObject(tj, "added_tokens");
+    cJSON *atd = cJSON_CreateObject();  // tokenizer_config.json added_tokens_decoder
+    cJSON *vocab = cJSON_CreateObject();
+    for (uint64_t i = 0; i < n; i++) {
+        int64_t ty = ity >= 0 ? td_gguf_arr_i64(g, ity, i) : TT_NORMAL;
+        td_gguf_str s = td_gguf_arr_str(g, it, i);
+        if (ty == TT_NORMAL) {
+            char *b = malloc(s.len + 1);
+            if (!b) continue;
+            memcpy(b, s.ptr, s.len);
+            b[s.len] = 0;
+            cJSON_AddNumberToObject(vocab, b, (double)i);
+            free(b);
+        }
+        if (ty == TT_CONTROL || ty == TT_USER || (int64_t)i == bos || (int64_t)i == eos) {
+            cJSON *a = cJSON_CreateObject();
+            cJSON_AddNumberToObject(a, "id", (double)i);
+            cJSON_AddItemToObject(a, "content", str_n(s));
+            cJSON_AddBoolToObject(a, "single_word", 0);
+            cJSON_AddBoolToObject(a, "lstrip", 0);
+            cJSON_AddBoolToObject(a, "rstrip", 0);
+            cJSON_AddBoolToObject(a, "normalized", 0);
+            cJSON_AddBoolToObject(a, "special", ty != TT_USER);
+            cJSON_AddItemToArray(added, a);
+            char idb[24];
+            snprintf(idb, sizeof idb, "%llu", (unsigned long long)i);
+            cJSON *d = cJSON_Duplicate(a, 1);
+            cJSON_DeleteItemFromObject(d, "id");
+            cJSON_AddItemToObject(atd, idb, d);
+        }
+    }
+    if (nfc) {
+        cJSON *no = cJSON_AddObjectToObject(tj, "normalizer");
+        cJSON_AddStringToObject(no, "type", "NFC");
+    } else {
+        cJSON_AddNullToObject(tj, "normalizer");
+    }
+    if (re) {
+        cJSON *pt = cJSON_AddObjectToObject(tj, "pre_tokenizer");
+        cJSON_AddStringToObject(pt, "type", "Sequence");
+        cJSON *seq = cJSON_AddArrayToObject(pt, "pretokenizers");
+        cJSON *sp = cJSON_CreateObject();
+        cJSON_AddStringToObject(sp, "type", "Split");
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(sp, "pattern"), "Regex", re);
+        cJSON_AddStringToObject(sp, "behavior", "Isolated");
+        cJSON_AddBoolToObject(sp, "invert", 0);
+        cJSON_AddItemToArray(seq, sp);
+        cJSON_AddItemToArray(seq, byte_level(0, 1, 0));
+    } else {
+        cJSON_AddItemToObject(tj, "pre_tokenizer", byte_level(0, 1, 1));
+    }
+    if (add_bos && bos >= 0) {
+        cJSON *pp = cJSON_AddObjectToObject(tj, "post_processor");
+        cJSON *bt = str_n(td_gguf_arr_str(g, it, (uint64_t)bos));
+        const char *bs = cJSON_GetStringValue(bt);
+        cJSON_AddStringToObject(pp, "type", "TemplateProcessing");
+        const char *parts[2][2] = {{"A", NULL}, {"A", "B"}};
+        for (int k = 0; k < 2; k++) {
+            cJSON *arr = cJSON_AddArrayToObject(pp, k ? "pair" : "single");
+            for (int q = 0; q < 2 && parts[k][q]; q++) {
+                cJSON *stok = cJSON_CreateObject(), *inner = cJSON_AddObjectToObject(stok, "SpecialToken");
+                cJSON_AddStringToObject(inner, "id", bs);
+                cJSON_AddNumberToObject(inner, "type_id", q);
+                cJSON_AddItemToArray(arr, stok);
+                cJSON *sq = cJSON_CreateObject(), *si = cJSON_AddObjectToObject(sq, "Sequence");
+                cJSON_AddStringToObject(si, "id", parts[k][q]);
+                cJSON_AddNumberToObject(si, "type_id", q);
+                cJSON_AddItemToArray(arr, sq);
+            }
+        }
+        cJSON *st = cJSON_AddObjectToObject(pp, "special_tokens"), *e = cJSON_AddObjectToObject(st, bs);
+        cJSON_AddStringToObject(e, "id", bs);
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(e, "ids"), cJSON_CreateNumber((double)bos));
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(e, "tokens"), cJSON_CreateString(bs));
+        cJSON_Delete(bt);
+    } else {
+        cJSON_AddItemToObject(tj, "post_processor", byte_level(1, 0, 1));
+    }
+    cJSON_AddItemToObject(tj, "decoder", byte_level(1, 1, 1));
+    cJSON *m = cJSON_AddObjectToObject(tj, "model");
+    cJSON_AddStringToObject(m, "type", "BPE");
+    cJSON_AddNullToObject(m, "dropout");
+    cJSON_AddNullToObject(m, "unk_token");
+    cJSON_AddNullToObject(m, "continuing_subword_prefix");
+    cJSON_AddNullToObject(m, "end_of_word_suffix");
+    cJSON_AddBoolToObject(m, "fuse_unk", 0);
+    cJSON_AddBoolToObject(m, "byte_fallback", 0);
+    cJSON_AddBoolToObject(m, "ignore_merges", ignore_merges);
+    cJSON_AddItemToObject(m, "vocab", vocab);
+    cJSON *ma = cJSON_AddArrayToObject(m, "merges");
+    for (uint64_t i = 0; i < td_gguf_arr_len(g, im); i++) cJSON_AddItemToArray(ma, str_n(td_gguf_arr_str(g, im, i)));
+
+    cJSON_AddBoolToObject(tc, "add_bos_token", add_bos);
+    cJSON_AddBoolToObject(tc, "add_eos_token", 0);
+    cJSON_AddItemToObject(tc, "added_tokens_decoder", atd);
+    if (bos >= 0) cJSON_AddItemToObject(tc, "bos_token", str_n(td_gguf_arr_str(g, it, (uint64_t)bos)));
+    td_gguf_str ct;
+    if (!td_gguf_get_str(g, "tokenizer.chat_template", &ct, NULL)) cJSON_AddItemToObject(tc, "chat_template", str_n(ct));
+    cJSON_AddBoolToObject(tc, "clean_up_tokenization_spaces", 0);
+    if (eos >= 0) cJSON_AddItemToObject(tc, "eos_token", str_n(td_gguf_arr_str(g, it, (uint64_t)eos)));
+    if (max_pos > 0) cJSON_AddNumberToObject(tc, "model_max_length", max_pos);
+    cJSON_AddStringToObject(tc, "tokenizer_class", "PreTrainedTokenizerFast");
+
+    char path[4096];
+    td_status st = TD_OK;
+    if (!td_path_join(path, sizeof path, dir, "tokenizer.json")) st = td_err_set(err, TD_ERR_INVALID, "path too long");
+    if (!st) st = write_json_atomic(path, tj, err);
+    if (!st && !td_path_join(path, sizeof path, dir, "tokenizer_config.json"))
+        st = td_err_set(err, TD_ERR_INVALID, "path too long");
+    if (!st) st = write_json_atomic(path, tc, err);
+    cJSON_Delete(tj);
+    cJSON_Delete(tc);
+    return st;
+}

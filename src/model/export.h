@@ -62,6 +62,13 @@ struct td_gguf_writer;
 td_status td_export_tokenizer_gguf(struct td_gguf_writer *w, const char *tokenizer, int vocab_size,
                                    const td_model_config *cfg, td_err *err);
 
+// The reverse for byte-level ("gpt2") GGUF vocabularies: writes tokenizer.json and
+// tokenizer_config.json into `dir` from tokenizer.ggml.* (pre "gpt-2"/"default", "llama-bpe"/
+// "llama3", "qwen2"). TD_ERR_UNSUPPORTED for other models/pre-tokenizers ("llama" SentencePiece
+// vocabularies keep scores, not merges), TD_ERR_NOT_FOUND when g has no vocabulary.
+struct td_gguf;
+td_status td_export_tokenizer_json(const struct td_gguf *g, const char *dir, int max_pos, td_err *err);
+
 // GGUF -> GGUF at another type: every tensor is dequantized to f32 and re-encoded (2-D tensors to
 // `type`, 1-D to F32); metadata is copied with general.file_type updated. *was_quantized (may be
 // NULL) tells whether the source held Q8_0/Q4_0 tensors (requantizing loses precision twice).

@@ -304,6 +304,8 @@ static void test_convert_all(void) {
     printf("convert: 25 files; forward vs PyTorch oracle max |dlogprob| %.3g (bound %.0e)\n", worst_lp, TOL_LOGPROB);
 }
 
+static void compare_tokenizers(const char *json_src, const char *gguf_path, const char *what);
+
 // ---- (3) HF export -------------------------------------------------------------------------
 
 // All tensors of an HF model dir's model.safetensors as f32 arrays.
@@ -467,6 +469,10 @@ static void test_hf_export(void) {
     if (!rc) {
         double d = forward_diff(out, "qwen2-q4_0.gguf");
         CHECK(d <= TOL_LOGPROB, "q4_0 -> hf forward vs q4_0 oracle %.3g", d);
+        // No --tokenizer: tokenizer.json rebuilt from the GGUF vocabulary encodes like the original.
+        CHECK(td_file_exists(pjoin(path, sizeof path, out, "tokenizer.json")), "tokenizer.json rebuilt from GGUF");
+        pjoin(path, sizeof path, g_ref, "qwen2");
+        compare_tokenizers(path, out, "GGUF vocab -> tokenizer.json");
     }
 }
 
@@ -542,6 +548,17 @@ static void test_tokenizers(void) {
                 td_gguf_get_str(g, "tokenizer.ggml.pre", &s, &err);
                 CHECK(s.len == strlen(want_pre) && !memcmp(s.ptr, want_pre, s.len), "%s: pre %.*s", real[i], (int)s.len,
                       s.ptr);
+            }
+            // And back: tokenizer.json rebuilt from the GGUF vocabulary (byte-level only).
+            char back[2048];
+            snprintf(back, sizeof back, "%s/tokjson-%s", g_tmp, real[i]);
+            mkdir(back, 0755);
+            st = td_export_tokenizer_json(g, back, 0, &err);
+            if (i == 0) {
+                CHECK(st == TD_ERR_UNSUPPORTED, "SentencePiece vocab -> tokenizer.json refused: %s", err.msg);
+            } else {
+                CHECK(st == TD_OK, "%s -> tokenizer.json: %s", real[i], err.msg);
+                if (!st) compare_tokenizers(dir, back, "GGUF -> tokenizer.json round trip");
             }
             td_gguf_close(g);
         }
