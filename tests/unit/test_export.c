@@ -461,6 +461,23 @@ static void test_hf_export(void) {
         CHECK(0, "gguf->hf load: %s", err.msg);
     td_model_free(x);
     td_model_free(y);
+    // HF -> HF through the CLI: re-typed to BF16 equals the Python-written BF16 directory, and
+    // --max-shard-size splits it.
+    pjoin(src, sizeof src, g_ref, "llama2");
+    snprintf(out, sizeof out, "%s/hf-cli-bf16", g_tmp);
+    rc = run_cmd(td_cmd_convert, "convert", src, "--to", "hf", "--type", "bf16", "--max-shard-size", "50K", "-o", out,
+                 NULL);
+    CHECK(rc == 0, "convert --to hf --type bf16 --max-shard-size: rc %d", rc);
+    pjoin(path, sizeof path, g_ref, "llama2-hf-bf16");
+    x = y = NULL;
+    if (!rc && td_model_load(out, &x, &err) == TD_OK && td_model_load(path, &y, &err) == TD_OK)
+        CHECK(models_identical(x, y), "HF -> HF bf16 differs from the Python-written one");
+    else
+        CHECK(0, "hf->hf load: %s", err.msg);
+    td_model_free(x);
+    td_model_free(y);
+    CHECK(count_files(out, ".safetensors") > 1 && td_file_exists(pjoin(path, sizeof path, out, "tokenizer.json")),
+          "sharded CLI export with tokenizer files");
     // Q4_0 GGUF -> HF f32: equals the dequantized weights, so the forward matches the q4_0 oracle.
     snprintf(src, sizeof src, "%s/qwen2-q4_0.gguf", g_tmp);
     snprintf(out, sizeof out, "%s/hf-from-q4", g_tmp);
