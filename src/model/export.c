@@ -815,7 +815,7 @@ static void llama3_rope_factors(const td_model_config *c, float *out) {
     double lo_wl = old / lo, hi_wl = old / hi;
     for (int i = 0; i < half; i++) {
         double inv = 1.0 / pow((double)c->rope_theta, (double)(2 * i) / c->head_dim);
-        double wl = 2 * M_PI / inv, scaled = wl > lo_wl ? inv / factor : inv;
+        double wl = 2 * 3.14159265358979323846 / inv, scaled = wl > lo_wl ? inv / factor : inv;
         if (wl >= hi_wl && wl <= lo_wl) {
             double s = (old / wl - lo) / (hi - lo);
             scaled = (1 - s) * scaled / factor + s * scaled;
