@@ -842,6 +842,9 @@ static td_status gguf_hparams(td_gguf_writer *w, const td_model_config *c, const
         (st = td_gguf_w_u32(w, "general.file_type", td_export_file_type(p->type), err)) ||
         (st = td_gguf_w_u32(w, "general.alignment", TD_GGUF_ALIGNMENT, err)))
         return st;
+    // ggml's quantization format version (2 since 2023), which llama.cpp's writers add to quantized files.
+    if ((p->type == TD_Q8_0 || p->type == TD_Q4_0) && (st = td_gguf_w_u32(w, "general.quantization_version", 2, err)))
+        return st;
 #define U32(KEY, V) (snprintf(k, sizeof k, "%s." KEY, arch), td_gguf_w_u32(w, k, (uint32_t)(V), err))
 #define F32(KEY, V) (snprintf(k, sizeof k, "%s." KEY, arch), td_gguf_w_f32(w, k, (V), err))
     if ((st = U32("vocab_size", c->vocab_size)) || (st = U32("context_length", c->max_pos)) ||
@@ -1028,6 +1031,9 @@ td_status td_export_requantize(const char *in, const char *out, td_dtype type, b
     if (st) goto done;
     if (td_gguf_find_key(g, "general.file_type") < 0 &&
         (st = td_gguf_w_u32(w, "general.file_type", td_export_file_type(type), err)))
+        goto done;
+    if ((type == TD_Q8_0 || type == TD_Q4_0) && td_gguf_find_key(g, "general.quantization_version") < 0 &&
+        (st = td_gguf_w_u32(w, "general.quantization_version", 2, err)))
         goto done;
     if (td_gguf_find_key(g, "general.alignment") < 0 &&
         (st = td_gguf_w_u32(w, "general.alignment", TD_GGUF_ALIGNMENT, err)))

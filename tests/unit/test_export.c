@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/file.h"
@@ -655,6 +656,36 @@ static void test_bad_inputs(void) {
     td_model_free(m);
 }
 
+// Through the tandem executable, once main.c dispatches `convert` (skipped before): the same file
+// as the in-process call.
+static void test_binary(void) {
+    const char *bin = getenv("TANDEM_BIN");
+    char cmd[4096], out[2048], mine[2048];
+    if (!bin || !*bin) return;
+    snprintf(cmd, sizeof cmd, "'%s' convert --help >/dev/null 2>&1", bin);
+    if (system(cmd) != 0) {
+        printf("binary: %s has no convert command yet; skipped\n", bin);
+        return;
+    }
+    pjoin(out, sizeof out, g_tmp, "bin-qwen3-q8_0.gguf");
+    pjoin(mine, sizeof mine, g_tmp, "qwen3-q8_0.gguf");
+    if (snprintf(cmd, sizeof cmd, "'%s' convert '%s/qwen3' --type q8_0 -o '%s' 2>/dev/null", bin, g_ref, out) >=
+        (int)sizeof cmd)
+        return;
+    CHECK(system(cmd) == 0, "%s", cmd);
+    char *a = NULL, *b = NULL;
+    size_t la = 0, lb = 0;
+    td_err err;
+    td_read_file(out, 0, &a, &la, &err);
+    td_read_file(mine, 0, &b, &lb, &err);
+    CHECK(a && b && la == lb && !memcmp(a, b, la), "binary output equals the in-process conversion");
+    free(a);
+    free(b);
+    if (snprintf(cmd, sizeof cmd, "'%s' quantize '%s' '%s' q9 2>/dev/null", bin, out, mine) >= (int)sizeof cmd) return;
+    CHECK(WEXITSTATUS(system(cmd)) == 2, "tandem quantize with a bad type exits 2");
+    printf("binary: tandem convert/quantize checked\n");
+}
+
 static void rm_rf(const char *path) {
     DIR *d = opendir(path);
     if (d) {
@@ -690,6 +721,7 @@ int main(void) {
     test_hf_export();
     test_tokenizers();
     test_bad_inputs();
+    test_binary();
     cJSON_Delete(g_oracle);
     if (!td_test_failed) rm_rf(g_tmp);
     else fprintf(stderr, "outputs kept in %s\n", g_tmp);
