@@ -571,6 +571,49 @@ static int json_has(const cJSON *j, const char *needle) {
     return r;
 }
 
+// A string -> id map with open addressing (cJSON object lookups are linear; vocabularies are 100k+).
+// Keys are borrowed (they point into cJSON strings or a GGUF mapping that outlive the map).
+typedef struct {
+    const char **key;
+    size_t *len;
+    int32_t *id;
+    size_t cap;  // power of two, >= 2 * entries
+} strmap;
+
+static uint64_t str_hash(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
+    return h;
+}
+static int strmap_init(strmap *m, size_t n) {
+    m->cap = 16;
+    while (m->cap < 2 * n) m->cap *= 2;
+    m->key = calloc(m->cap, sizeof *m->key);
+    m->len = calloc(m->cap, sizeof *m->len);
+    m->id = calloc(m->cap, sizeof *m->id);
+    return m->key && m->len && m->id;
+}
+static void strmap_free(strmap *m) {
+    free(m->key);
+    free(m->len);
+    free(m->id);
+}
+// Inserts unless present (the first id for a spelling wins, as in a vocabulary).
+static void strmap_put(strmap *m, const char *k, size_t n, int32_t id) {
+    for (size_t i = str_hash(k, n) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+        if (!m->key[i]) {
+            m->key[i] = k, m->len[i] = n, m->id[i] = id;
+            return;
+        }
+        if (m->len[i] == n && !memcmp(m->key[i], k, n)) return;
+    }
+}
+static int32_t strmap_get(const strmap *m, const char *k, size_t n) {
+    for (size_t i = str_hash(k, n) & (m->cap - 1); m->key[i]; i = (i + 1) & (m->cap - 1))
+        if (m->len[i] == n && !memcmp(m->key[i], k, n)) return m->id[i];
+    return -1;
+}
+
 static const char *cfg_token(const cJSON *cfg, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
     if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
@@ -710,7 +753,9 @@ td_status td_export_tokenizer_gguf(td_gguf_writer *w, const char *tokenizer, int
         // SentencePiece vocabulary: scores make llama.cpp's merge-by-score reproduce the merge order:
         // score(piece) = -(rank of the first merge producing it); other pieces get -1e9.
         scores = malloc((size_t)n * sizeof *scores);
-        if (!scores) st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
+        strmap vm = {0};
+        if (!scores || !strmap_init(&vm, (size_t)n)) st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
+        cJSON_ArrayForEach(e, vocab) if (!st) strmap_put(&vm, e->string, strlen(e->string), e->valueint);
         for (int i = 0; !st && i < n; i++) scores[i] = -1e9f;
         for (int r = n_merges - 1; !st && r >= 0; r--) {  // backwards: the first rank wins
             const char *m = merges[r], *sp = strchr(m, ' ');
@@ -720,9 +765,10 @@ td_status td_export_tokenizer_gguf(td_gguf_writer *w, const char *tokenizer, int
             if (la + lb >= sizeof piece) continue;
             memcpy(piece, m, la);
             memcpy(piece + la, sp + 1, lb + 1);
-            const cJSON *id = cJSON_GetObjectItemCaseSensitive(vocab, piece);
-            if (cJSON_IsNumber(id)) scores[id->valueint] = -(float)r;
+            int32_t id = strmap_get(&vm, piece, la + lb);
+            if (id >= 0) scores[id] = -(float)r;
         }
+        strmap_free(&vm);
         const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
         for (int i = 0; !st && i < n; i++) {
             const char *t = tokens[i];
@@ -1112,16 +1158,119 @@ static cJSON *byte_level(int add_prefix_space, int trim_offsets, int use_regex) 
     return o;
 }
 
+
+static cJSON *replace_op(const char *from, const char *to) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "Replace");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(o, "pattern"), "String", from);
+    cJSON_AddStringToObject(o, "content", to);
+    return o;
+}
+
+typedef struct {
+    float score;
+    int32_t id;
+} scored;
+
+static int by_score(const void *a, const void *b) {
+    const scored *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+static int by_pair(const void *a, const void *b) {
+    const int32_t *x = a, *y = b;
+    if (x[0] != y[0]) return (x[0] > y[0]) - (x[0] < y[0]);
+    return (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+// BPE merges equivalent to llama.cpp's SentencePiece merge-by-score (as transformers'
+// SentencePieceExtractor builds them): every split of a piece into two vocabulary pieces is a
+// merge, ranked by the merged piece's score (higher first; ties by id, then by the parts' ids).
+// Pieces scored -1e9 or below (never produced by a merge, e.g. tandem's converted scores) get none.
+static td_status spm_merges(const td_gguf *g, int64_t it, int64_t ity, int64_t isc, uint64_t n, cJSON *out,
+                            td_err *err) {
+    strmap vm = {0};
+    scored *ord = malloc((n ? n : 1) * sizeof *ord);
+    int32_t(*pairs)[2] = NULL;
+    size_t np_cap = 0, n_ord = 0;
+    td_status st = TD_OK;
+    if (!ord || !strmap_init(&vm, n)) {
+        st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        td_gguf_str s = td_gguf_arr_str(g, it, i);
+        strmap_put(&vm, s.ptr, s.len, (int32_t)i);
+        float sc = (float)td_gguf_arr_f64(g, isc, i);
+        int64_t ty = ity >= 0 ? td_gguf_arr_i64(g, ity, i) : TT_NORMAL;
+        if (ty == TT_NORMAL && s.len > 1 && sc > -1e8f) ord[n_ord++] = (scored){sc, (int32_t)i};
+    }
+    qsort(ord, n_ord, sizeof *ord, by_score);
+    for (size_t k = 0; k < n_ord; k++) {
+        td_gguf_str s = td_gguf_arr_str(g, it, (uint64_t)ord[k].id);
+        size_t np = 0;
+        for (size_t c = 1; c < s.len; c++) {
+            if (((uint8_t)s.ptr[c] & 0xC0) == 0x80) continue;  // not a character boundary
+            int32_t l = strmap_get(&vm, s.ptr, c), r = strmap_get(&vm, s.ptr + c, s.len - c);
+            if (l < 0 || r < 0) continue;
+            if (np == np_cap) {
+                size_t nc = np_cap ? 2 * np_cap : 16;
+                int32_t(*pp)[2] = realloc(pairs, nc * sizeof *pairs);
+                if (!pp) {
+                    st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
+                    goto done;
+                }
+                pairs = pp;
+                np_cap = nc;
+            }
+            pairs[np][0] = l;
+            pairs[np][1] = r;
+            np++;
+        }
+        qsort(pairs, np, sizeof *pairs, by_pair);
+        for (size_t q = 0; q < np; q++) {
+            td_gguf_str a = td_gguf_arr_str(g, it, (uint64_t)pairs[q][0]), b = td_gguf_arr_str(g, it, (uint64_t)pairs[q][1]);
+            char *m = malloc(a.len + b.len + 2);
+            if (!m) {
+                st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            memcpy(m, a.ptr, a.len);
+            m[a.len] = ' ';
+            memcpy(m + a.len + 1, b.ptr, b.len);
+            m[a.len + 1 + b.len] = 0;
+            cJSON *item;
+            if (memchr(a.ptr, ' ', a.len) || memchr(b.ptr, ' ', b.len)) {  // spaces need the [a, b] form
+                item = cJSON_CreateArray();
+                m[a.len] = 0;
+                cJSON_AddItemToArray(item, cJSON_CreateString(m));
+                cJSON_AddItemToArray(item, cJSON_CreateString(m + a.len + 1));
+            } else {
+                item = cJSON_CreateString(m);
+            }
+            free(m);
+            cJSON_AddItemToArray(out, item);
+        }
+    }
+done:
+    strmap_free(&vm);
+    free(ord);
+    free(pairs);
+    return st;
+}
+
 td_status td_export_tokenizer_json(const td_gguf *g, const char *dir, int max_pos, td_err *err) {
     td_gguf_str model = {0}, pre = {0};
     if (td_gguf_get_str(g, "tokenizer.ggml.model", &model, NULL))
         return td_err_set(err, TD_ERR_NOT_FOUND, "%s: no tokenizer.ggml.model", td_gguf_path(g));
-    if (!gstr_is(model, "gpt2"))
+    int spm = gstr_is(model, "llama");
+    if (!spm && !gstr_is(model, "gpt2"))
         return td_err_set(err, TD_ERR_UNSUPPORTED, "%s: tokenizer model \"%.*s\" cannot be written as tokenizer.json "
-                          "(only byte-level \"gpt2\" vocabularies)", td_gguf_path(g), (int)model.len, model.ptr);
+                          "(only \"gpt2\" and \"llama\" vocabularies)", td_gguf_path(g), (int)model.len, model.ptr);
     const char *re = NULL;
     int nfc = 0, ignore_merges = 0;
-    if (td_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL) || gstr_is(pre, "gpt-2") || gstr_is(pre, "default")) {
+    if (spm || td_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL) || gstr_is(pre, "gpt-2") ||
+        gstr_is(pre, "default")) {
         re = NULL;
     } else if (gstr_is(pre, "llama-bpe") || gstr_is(pre, "llama3")) {
         re = LLAMA3_RE;
@@ -1134,19 +1283,29 @@ td_status td_export_tokenizer_json(const td_gguf *g, const char *dir, int max_po
                           td_gguf_path(g), (int)pre.len, pre.ptr);
     }
     int64_t it = td_gguf_find_key(g, "tokenizer.ggml.tokens"), ity = td_gguf_find_key(g, "tokenizer.ggml.token_type"),
-            im = td_gguf_find_key(g, "tokenizer.ggml.merges");
-    if (it < 0 || im < 0 || td_gguf_arr_type(g, it) != TD_GGUF_STRING || td_gguf_arr_type(g, im) != TD_GGUF_STRING)
-        return td_err_set(err, TD_ERR_FORMAT, "%s: gpt2 vocabulary without tokens/merges string arrays", td_gguf_path(g));
+            im = td_gguf_find_key(g, "tokenizer.ggml.merges"), isc = td_gguf_find_key(g, "tokenizer.ggml.scores");
+    if (it < 0 || td_gguf_arr_type(g, it) != TD_GGUF_STRING ||
+        (!spm && (im < 0 || td_gguf_arr_type(g, im) != TD_GGUF_STRING)))
+        return td_err_set(err, TD_ERR_FORMAT, "%s: vocabulary without tokens/merges string arrays", td_gguf_path(g));
     uint64_t n = td_gguf_arr_len(g, it);
+    if (n > (1u << 24)) return td_err_set(err, TD_ERR_LIMIT, "%s: %llu tokens", td_gguf_path(g), (unsigned long long)n);
     if (ity >= 0 && td_gguf_arr_len(g, ity) != n)
         return td_err_set(err, TD_ERR_FORMAT, "%s: token_type length differs from tokens", td_gguf_path(g));
-    int64_t bos = -1, eos = -1;
-    bool add_bos = false;
+    if (spm && (isc < 0 || td_gguf_arr_len(g, isc) != n || td_gguf_arr_type(g, isc) == TD_GGUF_STRING ||
+                td_gguf_arr_type(g, isc) == TD_GGUF_ARRAY))
+        return td_err_set(err, TD_ERR_FORMAT, "%s: llama vocabulary without numeric scores per token", td_gguf_path(g));
+    int64_t bos = -1, eos = -1, unk = -1;
+    bool add_bos = spm, add_space_prefix = true;  // llama.cpp's defaults
     td_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &bos, NULL);
     td_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &eos, NULL);
+    td_gguf_get_i64(g, "tokenizer.ggml.unknown_token_id", &unk, NULL);
     td_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos, NULL);
+    td_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &add_space_prefix, NULL);
     if (bos >= (int64_t)n) bos = -1;
     if (eos >= (int64_t)n) eos = -1;
+    if (unk >= (int64_t)n) unk = -1;
+    for (uint64_t i = 0; spm && unk < 0 && ity >= 0 && i < n; i++)
+        if (td_gguf_arr_i64(g, ity, i) == TT_UNKNOWN) unk = (int64_t)i;
 
     cJSON *tj = cJSON_CreateObject(), *tc = cJSON_CreateObject();
     cJSON_AddStringToObject(tj, "version", "1.0");
@@ -1158,7 +1317,7 @@ td_status td_export_tokenizer_json(const td_gguf *g, const char *dir, int max_po
     for (uint64_t i = 0; i < n; i++) {
         int64_t ty = ity >= 0 ? td_gguf_arr_i64(g, ity, i) : TT_NORMAL;
         td_gguf_str s = td_gguf_arr_str(g, it, i);
-        if (ty == TT_NORMAL) {
+        if (ty == TT_NORMAL || (spm && ty != TT_UNUSED)) {
             char *b = malloc(s.len + 1);
             if (!b) continue;
             memcpy(b, s.ptr, s.len);
@@ -1166,7 +1325,7 @@ td_status td_export_tokenizer_json(const td_gguf *g, const char *dir, int max_po
             cJSON_AddNumberToObject(vocab, b, (double)i);
             free(b);
         }
-        if (ty == TT_CONTROL || ty == TT_USER || (int64_t)i == bos || (int64_t)i == eos) {
+        if (ty == TT_CONTROL || ty == TT_USER || (int64_t)i == bos || (int64_t)i == eos || (int64_t)i == unk) {
             cJSON *a = cJSON_CreateObject();
             cJSON_AddNumberToObject(a, "id", (double)i);
             cJSON_AddItemToObject(a, "content", str_n(s));
@@ -1183,13 +1342,29 @@ td_status td_export_tokenizer_json(const td_gguf *g, const char *dir, int max_po
             cJSON_AddItemToObject(atd, idb, d);
         }
     }
-    if (nfc) {
+    if (spm) {
+        // SentencePiece: spaces become U+2581 (plus one in front when add_space_prefix); no
+        // pre-tokenizer; the decoder undoes it and fuses byte-fallback tokens.
+        cJSON *no = cJSON_AddObjectToObject(tj, "normalizer");
+        cJSON_AddStringToObject(no, "type", "Sequence");
+        cJSON *ns = cJSON_AddArrayToObject(no, "normalizers");
+        if (add_space_prefix) {
+            cJSON *pp = cJSON_CreateObject();
+            cJSON_AddStringToObject(pp, "type", "Prepend");
+            cJSON_AddStringToObject(pp, "prepend", "\xe2\x96\x81");
+            cJSON_AddItemToArray(ns, pp);
+        }
+        cJSON_AddItemToArray(ns, replace_op(" ", "\xe2\x96\x81"));
+        cJSON_AddNullToObject(tj, "pre_tokenizer");
+    } else if (nfc) {
         cJSON *no = cJSON_AddObjectToObject(tj, "normalizer");
         cJSON_AddStringToObject(no, "type", "NFC");
     } else {
         cJSON_AddNullToObject(tj, "normalizer");
     }
-    if (re) {
+    if (spm) {
+        // (set above)
+    } else if (re) {
         cJSON *pt = cJSON_AddObjectToObject(tj, "pre_tokenizer");
         cJSON_AddStringToObject(pt, "type", "Sequence");
         cJSON *seq = cJSON_AddArrayToObject(pt, "pretokenizers");
@@ -1227,22 +1402,49 @@ td_status td_export_tokenizer_json(const td_gguf *g, const char *dir, int max_po
         cJSON_AddItemToArray(cJSON_AddArrayToObject(e, "ids"), cJSON_CreateNumber((double)bos));
         cJSON_AddItemToArray(cJSON_AddArrayToObject(e, "tokens"), cJSON_CreateString(bs));
         cJSON_Delete(bt);
+    } else if (spm) {
+        cJSON_AddNullToObject(tj, "post_processor");
     } else {
         cJSON_AddItemToObject(tj, "post_processor", byte_level(1, 0, 1));
     }
-    cJSON_AddItemToObject(tj, "decoder", byte_level(1, 1, 1));
+    if (spm) {
+        cJSON *de = cJSON_AddObjectToObject(tj, "decoder");
+        cJSON_AddStringToObject(de, "type", "Sequence");
+        cJSON *ds = cJSON_AddArrayToObject(de, "decoders");
+        cJSON_AddItemToArray(ds, replace_op("\xe2\x96\x81", " "));
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "type", "ByteFallback");
+        cJSON_AddItemToArray(ds, x);
+        x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "type", "Fuse");
+        cJSON_AddItemToArray(ds, x);
+        if (add_space_prefix) {
+            x = cJSON_CreateObject();
+            cJSON_AddStringToObject(x, "type", "Strip");
+            cJSON_AddStringToObject(x, "content", " ");
+            cJSON_AddNumberToObject(x, "start", 1);
+            cJSON_AddNumberToObject(x, "stop", 0);
+            cJSON_AddItemToArray(ds, x);
+        }
+    } else {
+        cJSON_AddItemToObject(tj, "decoder", byte_level(1, 1, 1));
+    }
     cJSON *m = cJSON_AddObjectToObject(tj, "model");
     cJSON_AddStringToObject(m, "type", "BPE");
     cJSON_AddNullToObject(m, "dropout");
-    cJSON_AddNullToObject(m, "unk_token");
+    if (unk >= 0 && spm) cJSON_AddItemToObject(m, "unk_token", str_n(td_gguf_arr_str(g, it, (uint64_t)unk)));
+    else cJSON_AddNullToObject(m, "unk_token");
     cJSON_AddNullToObject(m, "continuing_subword_prefix");
     cJSON_AddNullToObject(m, "end_of_word_suffix");
-    cJSON_AddBoolToObject(m, "fuse_unk", 0);
-    cJSON_AddBoolToObject(m, "byte_fallback", 0);
+    cJSON_AddBoolToObject(m, "fuse_unk", spm);
+    cJSON_AddBoolToObject(m, "byte_fallback", spm);
     cJSON_AddBoolToObject(m, "ignore_merges", ignore_merges);
     cJSON_AddItemToObject(m, "vocab", vocab);
     cJSON *ma = cJSON_AddArrayToObject(m, "merges");
-    for (uint64_t i = 0; i < td_gguf_arr_len(g, im); i++) cJSON_AddItemToArray(ma, str_n(td_gguf_arr_str(g, im, i)));
+    td_status st = TD_OK;
+    if (spm) st = spm_merges(g, it, ity, isc, n, ma, err);
+    else
+        for (uint64_t i = 0; i < td_gguf_arr_len(g, im); i++) cJSON_AddItemToArray(ma, str_n(td_gguf_arr_str(g, im, i)));
 
     cJSON_AddBoolToObject(tc, "add_bos_token", add_bos);
     cJSON_AddBoolToObject(tc, "add_eos_token", 0);
@@ -1256,8 +1458,7 @@ td_status td_export_tokenizer_json(const td_gguf *g, const char *dir, int max_po
     cJSON_AddStringToObject(tc, "tokenizer_class", "PreTrainedTokenizerFast");
 
     char path[4096];
-    td_status st = TD_OK;
-    if (!td_path_join(path, sizeof path, dir, "tokenizer.json")) st = td_err_set(err, TD_ERR_INVALID, "path too long");
+    if (!st && !td_path_join(path, sizeof path, dir, "tokenizer.json")) st = td_err_set(err, TD_ERR_INVALID, "path too long");
     if (!st) st = write_json_atomic(path, tj, err);
     if (!st && !td_path_join(path, sizeof path, dir, "tokenizer_config.json"))
         st = td_err_set(err, TD_ERR_INVALID, "path too long");

@@ -62,10 +62,12 @@ struct td_gguf_writer;
 td_status td_export_tokenizer_gguf(struct td_gguf_writer *w, const char *tokenizer, int vocab_size,
                                    const td_model_config *cfg, td_err *err);
 
-// The reverse for byte-level ("gpt2") GGUF vocabularies: writes tokenizer.json and
-// tokenizer_config.json into `dir` from tokenizer.ggml.* (pre "gpt-2"/"default", "llama-bpe"/
-// "llama3", "qwen2"). TD_ERR_UNSUPPORTED for other models/pre-tokenizers ("llama" SentencePiece
-// vocabularies keep scores, not merges), TD_ERR_NOT_FOUND when g has no vocabulary.
+// The reverse: writes tokenizer.json and tokenizer_config.json into `dir` (which must exist) from
+// tokenizer.ggml.*: "gpt2" vocabularies with pre "gpt-2"/"default", "llama-bpe"/"llama3" or
+// "qwen2"; "llama" (SentencePiece) vocabularies with BPE merges rebuilt from the scores (every split
+// of a piece into two pieces, ranked by the piece's score, as transformers' SentencePieceExtractor
+// does), byte fallback and the U+2581 normalizer/decoder. TD_ERR_UNSUPPORTED for other models or
+// pre-tokenizers, TD_ERR_NOT_FOUND when g has no vocabulary.
 struct td_gguf;
 td_status td_export_tokenizer_json(const struct td_gguf *g, const char *dir, int max_pos, td_err *err);
 
