@@ -686,6 +686,12 @@ td_status td_export_tokenizer_gguf(td_gguf_writer *w, const char *tokenizer, int
         }
         if (id->valueint + 1 > n) n = id->valueint + 1;
     }
+    if (vocab_size > 0 && n > vocab_size) {
+        // llama.cpp sizes the embedding by the token list: they must agree.
+        st = td_err_set(err, TD_ERR_INVALID, "%s: the tokenizer has ids up to %d but the model's vocab_size is %d", tjson,
+                        n - 1, vocab_size);
+        goto done;
+    }
     tokens = calloc((size_t)n, sizeof *tokens);
     types = malloc((size_t)n * sizeof *types);
     owned = calloc((size_t)n + 1, sizeof *owned);  // [PADi] names

@@ -644,6 +644,16 @@ static void test_bad_inputs(void) {
     p.type = TD_Q4_0;
     CHECK(td_export_hf(hd, &m->cfg, &p, td_export_arrays_get, &none, &err) == TD_ERR_UNSUPPORTED, "hf q4_0: %s",
           err.msg);
+    // A tokenizer with more ids than the model's vocabulary.
+    td_model_config small = m->cfg;
+    small.vocab_size = 300;
+    small.bos_id = -1;
+    small.n_eos = 0;
+    calls = -1000;
+    p.type = TD_F32;
+    p.tokenizer = src;
+    st = td_export_gguf(out, &small, &p, failing_get, &calls, &err);
+    CHECK(st == TD_ERR_INVALID && strstr(err.msg, "vocab_size is 300"), "tokenizer larger than vocab: %s", err.msg);
     // A tokenizer path that does not exist.
     p.type = TD_F32;
     p.tokenizer = "/nonexistent/tokenizer";
