@@ -4,6 +4,7 @@
 
 #include "cli/cli.h"
 #include "cli/cmd_bench_serve.h"
+#include "cli/cmd_convert.h"
 #include "cli/cmd_eval.h"
 #include "cli/cmd_train_data.h"
 
@@ -20,6 +21,8 @@ static void usage(FILE *f) {
             "  serve [MODEL]    serve an OpenAI-compatible API (docs/serving.md)\n"
             "  tokenize PATH    print the token ids of a text\n"
             "  detokenize PATH  print the text of token ids\n"
+            "  convert MODEL    convert a model directory or GGUF (to GGUF F32/F16/BF16/Q8_0/Q4_0 or HF)\n"
+            "  quantize IN OUT TYPE  convert a GGUF file to another type\n"
             "  tokenizer train  learn a byte-level BPE tokenizer from text files\n"
             "  data prepare     tokenize a corpus into training shards\n"
             "  bench serve      load-test an OpenAI-compatible server (docs/bench-serve.md)\n"
@@ -40,6 +43,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "serve")) return td_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return td_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return td_cmd_detokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "convert")) return td_cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return td_cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenizer")) {
         if (argc > 2 && !strcmp(argv[2], "train")) return td_cmd_tokenizer_train(argc - 2, argv + 2);
         fprintf(stderr, "tandem tokenizer: expected a subcommand: train\n");
