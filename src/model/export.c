@@ -18,7 +18,7 @@
 #include "model/gguf.h"
 #include "model/gguf_write.h"
 #include "model/safetensors_write.h"
-#include "train/afile.h"
+#include "base/afile.h"
 
 #define MAX_JSON_BYTES (256u << 20)
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train/afile.h"
+#include "base/afile.h"
 
 typedef struct {
     char *name;

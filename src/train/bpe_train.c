@@ -14,7 +14,7 @@
 #include <xxhash.h>
 
 #include "base/file.h"
-#include "train/afile.h"
+#include "base/afile.h"
 
 const char *const TD_BPE_LLAMA3_PATTERN =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "

@@ -13,7 +13,7 @@
 
 #include "base/file.h"
 #include "base/log.h"
-#include "train/afile.h"
+#include "base/afile.h"
 
 static const uint8_t MAGIC[8] = {'T', 'D', 'C', 'K', 'P', 'T', 0, 0};
 static const uint8_t END_MAGIC[8] = {'T', 'D', 'C', 'K', 'E', 'N', 'D', 0};

@@ -13,7 +13,7 @@
 
 #include "base/file.h"
 #include "base/threadpool.h"
-#include "train/afile.h"
+#include "base/afile.h"
 
 static const uint8_t MAGIC[8] = {'T', 'D', 'S', 'H', 'A', 'R', 'D', 0};
 static const uint8_t END_MAGIC[8] = {'T', 'D', 'S', 'H', 'E', 'N', 'D', 0};

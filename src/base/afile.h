@@ -2,8 +2,8 @@
 // fsync'd, renamed over `path` and the directory fsync'd on commit, so `path` is either absent, the
 // previous version or the complete new one, even after a crash or kill -9 mid-write.
 // Not here: reading, formats, locking (one writer per path is the caller's business).
-#ifndef TD_TRAIN_AFILE_H
-#define TD_TRAIN_AFILE_H
+#ifndef TD_BASE_AFILE_H
+#define TD_BASE_AFILE_H
 
 #include <stddef.h>
 #include <stdint.h>

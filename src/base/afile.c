@@ -1,5 +1,5 @@
 // Atomic file writer: tmp file + fsync + rename + directory fsync, with a running XXH3 hash.
-#include "train/afile.h"
+#include "base/afile.h"
 
 #include <errno.h>
 #include <fcntl.h>
