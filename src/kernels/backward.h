@@ -1,6 +1,6 @@
 // Training kernels: the backward of every operation in the Llama-family forward (matmul, RMSNorm,
 // causal grouped-query attention, SwiGLU, embedding rows), cross-entropy with its gradient, and
-// a bf16-operand matmul for mixed precision. Same contract as kernels.h: pure functions over one
+// bf16 rounding for mixed precision. Same contract as kernels.h: pure functions over one
 // (ith, nth) slice; they never allocate, never spawn threads and never fail. Work is split so that
 // no two slices write the same element (deterministic: results do not depend on nth).
 // RoPE's backward is the forward at negated positions (a rotation's transpose), so it has no kernel.
@@ -17,23 +17,19 @@ static inline float td_round_bf16(float f) {
     return v.f;
 }
 
-// y[n_tok, n_out] = x[n_tok, n_in] * W[n_out, n_in]^T (+ bias), f32 weights. With bf16 set, x and
-// W are rounded to bf16 before each product and the sum is kept in f32 (bias added in f32).
-// Split over output rows.
-typedef struct td_mm_args {
-    const float *w;     // [n_out, n_in]
-    const float *bias;  // [n_out] or NULL
-    const float *x;     // [n_tok, n_in]
-    float *y;           // [n_tok, n_out]
-    int n_tok, n_out, n_in;
-    int bf16;
-} td_mm_args;
-void td_ref_mm(const td_mm_args *a, int ith, int nth);
+// y[n] = x[n] rounded to bf16 values (kept as f32; y may equal x). Mixed precision rounds matmul
+// operands with this and multiplies them with the f32 kernels: bf16 products, f32 accumulation.
+typedef struct td_round_bf16_args {
+    const float *x;
+    float *y;
+    int64_t n;
+} td_round_bf16_args;
+void td_ref_round_bf16(const td_round_bf16_args *a, int ith, int nth);
 
 // Backward of y = x W^T + b.
 //   dx[n_tok, n_in]  (=, or += when accumulate) dy[n_tok, n_out] * W[n_out, n_in]   split over tokens
 //   dw[n_out, n_in] += dy^T x;  db[n_out] += sum_t dy[t]                            split over rows
-// bf16: dy, W and x are rounded to bf16 operands, sums in f32.
+// Blocked for cache reuse; every sum runs in ascending index order whatever the blocking.
 typedef struct td_mm_bwd_args {
     const float *w;   // [n_out, n_in]
     const float *x;   // [n_tok, n_in] the forward input
@@ -43,7 +39,6 @@ typedef struct td_mm_bwd_args {
     float *db;        // [n_out] or NULL, accumulated
     int n_tok, n_out, n_in;
     int accumulate;   // dx += instead of dx =
-    int bf16;
 } td_mm_bwd_args;
 void td_ref_mm_bwd_x(const td_mm_bwd_args *a, int ith, int nth);
 void td_ref_mm_bwd_w(const td_mm_bwd_args *a, int ith, int nth);

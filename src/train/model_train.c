@@ -61,6 +61,8 @@ struct td_tmodel {
     float *dk, *dv;        // [N, kvd]
     float *dkn;            // [N, kvd] d(k before qk-norm) (only with qk_norm)
     float *rstd;           // [N * max(nh, 1)]
+    float *xr, *dyr;       // BF16 only: [N, max(D, F, qd)] matmul operands rounded to bf16
+    float *wbf;            // BF16 only: [n_params] the parameters rounded to bf16, per forward
     int32_t *tokens, *targets, *pos, *negpos, *seq_id;  // [N]
     int32_t *blk_ids;           // [B]
     const int32_t **blk_tab;    // [B]
@@ -97,7 +99,7 @@ static void t_add(void *c, int i, int n) { const kjob *j = c; j->k->add(&j->u.ad
 
 #define BWD_TASK(name, T, fn) \
     static void name(void *c, int i, int n) { fn((const T *)c, i, n); }
-BWD_TASK(t_mm, td_mm_args, td_ref_mm)
+BWD_TASK(t_round, td_round_bf16_args, td_ref_round_bf16)
 BWD_TASK(t_mm_bwd_x, td_mm_bwd_args, td_ref_mm_bwd_x)
 BWD_TASK(t_mm_bwd_w, td_mm_bwd_args, td_ref_mm_bwd_w)
 BWD_TASK(t_rn_bwd_x, td_rmsnorm_bwd_args, td_ref_rmsnorm_bwd_x)
@@ -107,14 +109,25 @@ BWD_TASK(t_swiglu_bwd, td_swiglu_bwd_args, td_ref_swiglu_bwd)
 BWD_TASK(t_embed_bwd, td_embed_bwd_args, td_ref_embed_bwd)
 BWD_TASK(t_xent, td_xent_args, td_ref_xent)
 
-// y[N, n_out] = x W^T + b: the inference kernel in FP32 mode, bf16 operands otherwise.
+static int is_bf16(const td_tmodel *tm) { return tm->p.precision == TD_TRAIN_BF16; }
+
+// y[n] = bf16(x[n]) on the pool.
+static void round_bf16(td_tmodel *tm, const float *x, float *y, size_t n) {
+    td_round_bf16_args a = {.x = x, .y = y, .n = (int64_t)n};
+    td_pool_run(tm->pool, t_round, &a);
+}
+
+// The bf16-rounded copy of parameter tensor w (a view into wbf at the same offset).
+static const float *wbf_of(const td_tmodel *tm, const float *w) { return tm->wbf + (w - tm->params); }
+
+// y[N, n_out] = x W^T + b with the inference kernel. BF16: x and W rounded to bf16 first (bf16
+// products, f32 accumulation; the bias stays f32).
 static void mm(td_tmodel *tm, const float *w, const float *b, const float *x, float *y, int n_out,
                int n_in) {
-    if (tm->p.precision == TD_TRAIN_BF16) {
-        td_mm_args a = {.w = w, .bias = b, .x = x, .y = y, .n_tok = tm->N, .n_out = n_out, .n_in = n_in,
-                        .bf16 = 1};
-        td_pool_run(tm->pool, t_mm, &a);
-        return;
+    if (is_bf16(tm)) {
+        round_bf16(tm, x, tm->xr, (size_t)tm->N * n_in);
+        x = tm->xr;
+        w = wbf_of(tm, w);
     }
     td_tensor wt = {.type = TD_F32, .ndim = 2, .ne = {n_out, n_in}, .data = w,
                     .nbytes = (size_t)n_out * n_in * sizeof(float)};
@@ -122,12 +135,21 @@ static void mm(td_tmodel *tm, const float *w, const float *b, const float *x, fl
     td_pool_run(tm->pool, t_matmul, &j);
 }
 
-// Backward of y = x W^T + b: dx (= or +=) dy W; dW += dy^T x; db += sum dy.
-static void mm_bwd(td_tmodel *tm, const float *w, const float *x, const float *dy, float *dx, float *dw,
-                   float *db, int n_out, int n_in, int accumulate) {
-    td_mm_bwd_args a = {.w = w, .x = x, .dy = dy, .dx = dx, .dw = dw, .db = db, .n_tok = tm->N,
-                        .n_out = n_out, .n_in = n_in, .accumulate = accumulate,
-                        .bf16 = tm->p.precision == TD_TRAIN_BF16};
+// Backward of y = x W^T + b: dx (= or +=) dy W; dW += dy^T x; db += sum dy. BF16: dy, W and x
+// rounded to bf16 first (dy in place when dy_scratch is 0: the caller no longer needs it exact).
+static void mm_bwd(td_tmodel *tm, const float *w, const float *x, float *dy, float *dx, float *dw,
+                   float *db, int n_out, int n_in, int accumulate, int dy_scratch) {
+    const float *dyo = dy;
+    if (is_bf16(tm)) {
+        round_bf16(tm, x, tm->xr, (size_t)tm->N * n_in);
+        x = tm->xr;
+        w = wbf_of(tm, w);
+        float *r = dy_scratch ? tm->dyr : dy;
+        round_bf16(tm, dy, r, (size_t)tm->N * n_out);
+        dyo = r;
+    }
+    td_mm_bwd_args a = {.w = w, .x = x, .dy = dyo, .dx = dx, .dw = dw, .db = db, .n_tok = tm->N,
+                        .n_out = n_out, .n_in = n_in, .accumulate = accumulate};
     td_pool_run(tm->pool, t_mm_bwd_x, &a);
     td_pool_run(tm->pool, t_mm_bwd_w, &a);
 }
@@ -274,6 +296,12 @@ static size_t carve_acts(td_tmodel *tm, float *base) {
     TAKE(tm->dv, N * kvd);
     if (tm->c.qk_norm) TAKE(tm->dkn, N * kvd);
     TAKE(tm->rstd, N * (size_t)nh);
+    if (tm->p.precision == TD_TRAIN_BF16) {
+        size_t wmax = D > F ? D : F;
+        wmax = wmax > qd ? wmax : qd;
+        TAKE(tm->xr, N * wmax);
+        TAKE(tm->dyr, N * wmax);
+    }
 #undef TAKE
     return off;
 }
@@ -348,6 +376,7 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     tm->la = calloc((size_t)n_blocks, sizeof *tm->la);
     tm->params = calloc(tm->n_params, sizeof(float));
     tm->grads = calloc(tm->n_params, sizeof(float));
+    if (p.precision == TD_TRAIN_BF16) tm->wbf = malloc(tm->n_params * sizeof(float));
     const size_t n_acts = carve_acts(tm, NULL);
     tm->acts = malloc(n_acts * sizeof(float));
     const size_t N = (size_t)tm->N;
@@ -356,6 +385,7 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     tm->blk_tab = malloc((size_t)p.batch * sizeof *tm->blk_tab);
     tm->pool = td_pool_create(p.n_threads);
     if (!tm->tensors || !tm->pw.l || !tm->gw.l || !tm->res || !tm->la || !tm->params || !tm->grads ||
+        (p.precision == TD_TRAIN_BF16 && !tm->wbf) ||
         !tm->acts || !tm->tokens || !tm->blk_ids || !tm->blk_tab || !tm->pool) {
         st = td_err_set(err, TD_ERR_NOMEM, "train: out of memory (%zu parameters, %zu MiB of activations)",
                         tm->n_params, n_acts * sizeof(float) >> 20);
@@ -393,6 +423,7 @@ void td_tmodel_free(td_tmodel *tm) {
     free(tm->la);
     free(tm->params);
     free(tm->grads);
+    free(tm->wbf);
     free(tm->acts);
     free(tm->tokens);
     free(tm->blk_ids);
@@ -580,6 +611,7 @@ td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t 
                               targets[i], V);
     }
     memcpy(tm->tokens, tokens, (size_t)N * sizeof(int32_t));
+    if (is_bf16(tm)) round_bf16(tm, tm->params, tm->wbf, tm->n_params);  // weights changed since
     if (targets) memcpy(tm->targets, targets, (size_t)N * sizeof(int32_t));
 
     td_tensor emb = {.type = TD_F32, .ndim = 2, .ne = {V, tm->D}, .data = tm->pw.tok_embd,
@@ -614,15 +646,15 @@ static void layer_backward(td_tmodel *tm, int l, const layer_acts *a) {
     const layer_params *w = &tm->pw.l[l], *g = &tm->gw.l[l];
     const int D = tm->D, qd = tm->qd, kvd = tm->kvd, F = tm->F, N = tm->N;
     // MLP: res[l+1] = xmid + w_down(silu(gate) * up), gate/up = w_{gate,up}(rmsnorm(xmid))
-    mm_bwd(tm, w->w_down, a->h, tm->dres, tm->dh, g->w_down, NULL, D, F, 0);
+    mm_bwd(tm, w->w_down, a->h, tm->dres, tm->dh, g->w_down, NULL, D, F, 0, 1);
     td_swiglu_bwd_args sw = {.gate = a->gate, .up = a->up, .dh = tm->dh, .dgate = tm->dh, .dup = tm->dup,
                              .n = (int64_t)N * F};
     td_pool_run(tm->pool, t_swiglu_bwd, &sw);
-    mm_bwd(tm, w->w_gate, a->xn2, tm->dh, tm->dxn, g->w_gate, NULL, F, D, 0);
-    mm_bwd(tm, w->w_up, a->xn2, tm->dup, tm->dxn, g->w_up, NULL, F, D, 1);
+    mm_bwd(tm, w->w_gate, a->xn2, tm->dh, tm->dxn, g->w_gate, NULL, F, D, 0, 0);
+    mm_bwd(tm, w->w_up, a->xn2, tm->dup, tm->dxn, g->w_up, NULL, F, D, 1, 0);
     rmsnorm_bwd(tm, a->xmid, w->ffn_norm, tm->dxn, tm->dres, g->ffn_norm, N, D, 1);  // dres = d xmid
     // Attention: xmid = res[l] + wo(attn(rope(q), rope(k), v))
-    mm_bwd(tm, w->wo, a->att, tm->dres, tm->datt, g->wo, NULL, D, qd, 0);
+    mm_bwd(tm, w->wo, a->att, tm->dres, tm->datt, g->wo, NULL, D, qd, 0, 1);
     td_attention_bwd_args ab = {.q = a->q, .k = a->k, .v = a->v, .out = a->att, .dout = tm->datt,
                                 .dq = tm->dq, .dk = tm->dk, .dv = tm->dv, .n_seq = tm->p.batch,
                                 .seq_len = tm->p.seq_len, .n_heads = c->n_heads,
@@ -637,9 +669,9 @@ static void layer_backward(td_tmodel *tm, int l, const layer_acts *a) {
         rmsnorm_bwd(tm, a->qpre, w->q_norm, tm->dq, dqp, g->q_norm, N * c->n_heads, c->head_dim, 0);
         rmsnorm_bwd(tm, a->kpre, w->k_norm, tm->dk, dkp, g->k_norm, N * c->n_kv_heads, c->head_dim, 0);
     }
-    mm_bwd(tm, w->wq, a->xn1, dqp, tm->dxn, g->wq, g->bq, qd, D, 0);
-    mm_bwd(tm, w->wk, a->xn1, dkp, tm->dxn, g->wk, g->bk, kvd, D, 1);
-    mm_bwd(tm, w->wv, a->xn1, tm->dv, tm->dxn, g->wv, g->bv, kvd, D, 1);
+    mm_bwd(tm, w->wq, a->xn1, dqp, tm->dxn, g->wq, g->bq, qd, D, 0, 0);
+    mm_bwd(tm, w->wk, a->xn1, dkp, tm->dxn, g->wk, g->bk, kvd, D, 1, 0);
+    mm_bwd(tm, w->wv, a->xn1, tm->dv, tm->dxn, g->wv, g->bv, kvd, D, 1, 0);
     rmsnorm_bwd(tm, tm->res[l], w->attn_norm, tm->dxn, tm->dres, g->attn_norm, N, D, 1);
 }
 
@@ -651,7 +683,7 @@ td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err) {
     td_xent_args x = {.logits = tm->logits, .targets = tm->targets, .loss = tm->losses, .n_tok = N, .vocab = V,
                       .dscale = dscale, .want_grad = 1};
     td_pool_run(tm->pool, t_xent, &x);  // logits -> dlogits
-    mm_bwd(tm, tm->pw.output, tm->xnf, tm->logits, tm->dxn, tm->gw.output, NULL, V, D, 0);
+    mm_bwd(tm, tm->pw.output, tm->xnf, tm->logits, tm->dxn, tm->gw.output, NULL, V, D, 0, 0);
     rmsnorm_bwd(tm, tm->res[tm->L], tm->pw.out_norm, tm->dxn, tm->dres, tm->gw.out_norm, N, D, 0);
     for (int l = tm->L - 1; l >= 0; l--) {
         // With recomputation the one activation block holds the last layer run: rerun layer l

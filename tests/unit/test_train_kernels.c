@@ -1,8 +1,8 @@
 // The backward kernels (kernels/backward.h) and RoPE's backward (the forward at negated positions)
 // against central differences in double of independent double-precision forwards, on random
 // inputs of awkward sizes: d(sum r * op(inputs)) / d input for every input of every op. Also: the
-// result does not depend on how the work is split (nth 1 vs 3, bit for bit), accumulate flags add,
-// and the bf16 matmul equals a double product of bf16-rounded operands.
+// result does not depend on how the work is split (nth 1 vs 3, bit for bit), nor on the matmul
+// blocking; accumulate flags add; bf16 rounding is to nearest even.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,46 +97,47 @@ static void test_matmul(void) {
     for (int i = 0; i < MN * MI; i++) acc &= fabsf(dx3[i] - (pre[i] + dx[i])) <= 1e-6f * (1 + fabsf(dx3[i]));
     CHECK(same, "matmul backward depends on the split");
     CHECK(acc, "matmul dx accumulate does not add");
-    // forward, f32 and bf16 operands
-    float y[MN * MO], yb[MN * MO];
-    td_mm_args f = {.w = w, .bias = b, .x = x, .y = y, .n_tok = MN, .n_out = MO, .n_in = MI};
-    RUN(td_ref_mm, &f, 2);
-    f.y = yb, f.bf16 = 1;
-    RUN(td_ref_mm, &f, 3);
-    double e32 = 0, e16 = 0;
-    for (int t = 0; t < MN; t++)
-        for (int k = 0; k < MO; k++) {
-            double s = b[k], sb = b[k];
-            for (int i = 0; i < MI; i++) {
-                s += (double)x[t * MI + i] * w[k * MI + i];
-                sb += (double)td_round_bf16(x[t * MI + i]) * td_round_bf16(w[k * MI + i]);
+    // Blocking: n_in large enough for several blocks of rows/tokens gives the unblocked sums.
+    {
+        enum { BN = 3, BO = 5, BI = 9000 };  // 16384 / 9000: one row per block
+        float *bx = malloc(sizeof(float) * BN * BI), *bw = malloc(sizeof(float) * BO * BI), bdy[BN * BO];
+        float *bdx = malloc(sizeof(float) * BN * BI), *bdw = calloc(BO * BI, sizeof(float));
+        fill(bx, BN * BI, 1), fill(bw, BO * BI, 1), fill(bdy, BN * BO, 1);
+        td_mm_bwd_args ba = {.w = bw, .x = bx, .dy = bdy, .dx = bdx, .dw = bdw, .n_tok = BN, .n_out = BO, .n_in = BI};
+        RUN(td_ref_mm_bwd_x, &ba, 2);
+        RUN(td_ref_mm_bwd_w, &ba, 2);
+        int ok = 1;
+        for (int t = 0; t < BN; t++)
+            for (int i = 0; i < BI; i += 97) {
+                float s = 0;  // same order as the kernel: ascending o
+                for (int k = 0; k < BO; k++) s += bdy[t * BO + k] * bw[(size_t)k * BI + i];
+                ok &= s == bdx[(size_t)t * BI + i];
             }
-            e32 = fmax(e32, fabs(y[t * MO + k] - s));
-            e16 = fmax(e16, fabs(yb[t * MO + k] - sb));
-        }
-    CHECK(e32 < 1e-5 && e16 < 1e-5, "mm forward: f32 err %g, bf16 err %g", e32, e16);
-    // bf16 backward = double products of rounded operands
-    float dxb[MN * MI], dwb[MO * MI];
-    memset(dwb, 0, sizeof dwb);
-    td_mm_bwd_args ab = {.w = w, .x = x, .dy = dy, .dx = dxb, .dw = dwb, .n_tok = MN, .n_out = MO, .n_in = MI, .bf16 = 1};
-    RUN(td_ref_mm_bwd_x, &ab, 2);
-    RUN(td_ref_mm_bwd_w, &ab, 2);
-    double ex = 0, ew = 0;
-    for (int t = 0; t < MN; t++)
-        for (int i = 0; i < MI; i++) {
-            double s = 0;
-            for (int k = 0; k < MO; k++) s += (double)td_round_bf16(dy[t * MO + k]) * td_round_bf16(w[k * MI + i]);
-            ex = fmax(ex, fabs(dxb[t * MI + i] - s));
-        }
-    for (int k = 0; k < MO; k++)
-        for (int i = 0; i < MI; i++) {
-            double s = 0;
-            for (int t = 0; t < MN; t++) s += (double)td_round_bf16(dy[t * MO + k]) * td_round_bf16(x[t * MI + i]);
-            ew = fmax(ew, fabs(dwb[k * MI + i] - s));
-        }
-    CHECK(ex < 1e-5 && ew < 1e-5, "bf16 backward: dx err %g, dw err %g", ex, ew);
-    CHECK(td_round_bf16(1.0f + 1.0f / 512) == 1.0f && td_round_bf16(1.0f + 3.0f / 256) == 1.0f + 1.0f / 64,
+        for (int k = 0; k < BO; k++)
+            for (int i = 0; i < BI; i += 89) {
+                float s = 0;
+                for (int t = 0; t < BN; t++) s += bdy[t * BO + k] * bx[(size_t)t * BI + i];
+                ok &= s == bdw[(size_t)k * BI + i];
+            }
+        CHECK(ok, "blocked matmul backward differs from the plain ascending sums");
+        free(bx), free(bw), free(bdx), free(bdw);
+    }
+    // bf16 rounding: nearest even, in place or not, specials unchanged.
+    CHECK(td_round_bf16(1.0f + 1.0f / 512) == 1.0f && td_round_bf16(1.0f + 3.0f / 512) == 1.0f + 1.0f / 128 &&
+              td_round_bf16(1.0f + 1.5f / 256) == 1.0f + 1.0f / 128 && td_round_bf16(-3.0f) == -3.0f &&
+              isinf(td_round_bf16(INFINITY)) && isnan(td_round_bf16(NAN)),
           "bf16 rounding is not nearest-even");
+    float rx[37], ry[37];
+    fill(rx, 37, 100);
+    td_round_bf16_args ra = {.x = rx, .y = ry, .n = 37};
+    RUN(td_ref_round_bf16, &ra, 3);
+    int rok = 1;
+    for (int i = 0; i < 37; i++) {
+        uint32_t u;
+        memcpy(&u, &ry[i], 4);
+        rok &= (u & 0xffff) == 0 && fabsf(ry[i] - rx[i]) <= fabsf(rx[i]) / 256;
+    }
+    CHECK(rok, "round_bf16 kernel");
     free(r), free(o.in[0]), free(o.in[1]), free(o.in[2]);
 }
 
