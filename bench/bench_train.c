@@ -1,8 +1,8 @@
 // Benchmark of the training core: forward and forward+backward time of a random llama-style model
 // (FP32 or BF16, optional recomputation). Prints one JSON line: ms per forward, ms per
 // forward+backward, tokens/s of a training step (forward + backward), parameters.
-// Usage: bench_train [dim=256] [layers=4] [batch=4] [seq=128] [bf16=0] [recompute=0] [threads=0] [iters=3]
-// Not a test; numbers depend on the machine.
+// Usage: bench_train [dim=256] [layers=4] [batch=4] [seq=128] [bf16=0] [recompute=0] [threads=0]
+// [iters=3] Not a test; numbers depend on the machine.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +29,8 @@ int main(int argc, char **argv) {
     td_tmodel_init_random(tm, 1, 0.02f);
     const int N = B * T;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)N * 2), *tgt = tok + N;
-    for (int i = 0; i < N; i++) tok[i] = (i * 7919) % c.vocab_size, tgt[i] = (i * 104729 + 1) % c.vocab_size;
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * 7919) % c.vocab_size, tgt[i] = (i * 104729 + 1) % c.vocab_size;
     double t_f = 0, t_fb = 0;
     for (int it = 0; it <= iters; it++) {  // iteration 0 warms up
         double t0 = td_now();
@@ -41,10 +42,12 @@ int main(int argc, char **argv) {
     }
     size_t np;
     td_tmodel_params_buf(tm, &np);
-    printf("{\"dim\":%d,\"layers\":%d,\"batch\":%d,\"seq\":%d,\"bf16\":%d,\"recompute\":%d,\"params\":%zu,"
-           "\"fwd_ms\":%.2f,\"fwd_bwd_ms\":%.2f,\"train_tok_per_s\":%.0f,\"act_mib\":%.1f}\n",
-           dim, layers, B, T, bf16, recompute, np, 1e3 * t_f / iters, 1e3 * t_fb / iters, N * iters / t_fb,
-           td_tmodel_activation_bytes(tm) / 1048576.0);
+    printf(
+        "{\"dim\":%d,\"layers\":%d,\"batch\":%d,\"seq\":%d,\"bf16\":%d,\"recompute\":%d,\"params\":"
+        "%zu,"
+        "\"fwd_ms\":%.2f,\"fwd_bwd_ms\":%.2f,\"train_tok_per_s\":%.0f,\"act_mib\":%.1f}\n",
+        dim, layers, B, T, bf16, recompute, np, 1e3 * t_f / iters, 1e3 * t_fb / iters,
+        N * iters / t_fb, td_tmodel_activation_bytes(tm) / 1048576.0);
     free(tok);
     td_tmodel_free(tm);
     return 0;

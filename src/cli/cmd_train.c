@@ -10,24 +10,26 @@
 #include "train/train_run.h"
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tandem train [options] SHARD...\n"
-            "  Trains on token shards (from `tandem data prepare`) and writes checkpoints to --out.\n"
-            "model (from scratch unless --model):\n"
-            "  --model DIR         start from an HF model directory or .gguf file\n"
-            "  --dim N (128)  --layers N (4)  --heads N (4)  --kv-heads N (= heads)  --head-dim N (dim/heads)\n"
-            "  --ffn N (3 * dim)   --vocab N (the shards')  --untied  --rope-theta X (10000)\n"
-            "  --init-std X        normal init std (0.02)\n"
-            "step:\n"
-            "  --batch N (4)  --seq-len N (128)  --accum N (1)  --steps N (1000)\n"
-            "  --lr X (3e-4)  --min-lr X (lr/10)  --warmup N (steps/20)  --clip X (1.0; 0 = off)\n"
-            "  --wd X (0.1)  --beta1 X (0.9)  --beta2 X (0.95)  --eps X (1e-8)\n"
-            "  --bf16          bf16 matmul operands, f32 accumulation and master weights\n"
-            "  --recompute     recompute layer activations in backward (less memory)\n"
-            "run:\n"
-            "  --out DIR       checkpoint directory    --ckpt-every N (0: only at the end)\n"
-            "  --keep N (3)    checkpoints kept        --resume   continue from the newest in --out\n"
-            "  --seed N (1)    --threads N (all CPUs)\n");
+    fprintf(
+        f,
+        "usage: tandem train [options] SHARD...\n"
+        "  Trains on token shards (from `tandem data prepare`) and writes checkpoints to --out.\n"
+        "model (from scratch unless --model):\n"
+        "  --model DIR         start from an HF model directory or .gguf file\n"
+        "  --dim N (128)  --layers N (4)  --heads N (4)  --kv-heads N (= heads)  --head-dim N "
+        "(dim/heads)\n"
+        "  --ffn N (3 * dim)   --vocab N (the shards')  --untied  --rope-theta X (10000)\n"
+        "  --init-std X        normal init std (0.02)\n"
+        "step:\n"
+        "  --batch N (4)  --seq-len N (128)  --accum N (1)  --steps N (1000)\n"
+        "  --lr X (3e-4)  --min-lr X (lr/10)  --warmup N (steps/20)  --clip X (1.0; 0 = off)\n"
+        "  --wd X (0.1)  --beta1 X (0.9)  --beta2 X (0.95)  --eps X (1e-8)\n"
+        "  --bf16          bf16 matmul operands, f32 accumulation and master weights\n"
+        "  --recompute     recompute layer activations in backward (less memory)\n"
+        "run:\n"
+        "  --out DIR       checkpoint directory    --ckpt-every N (0: only at the end)\n"
+        "  --keep N (3)    checkpoints kept        --resume   continue from the newest in --out\n"
+        "  --seed N (1)    --threads N (all CPUs)\n");
 }
 
 int td_cmd_train(int argc, char **argv) {
@@ -41,8 +43,18 @@ int td_cmd_train(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long x = 0;
         double d = 0;
-#define INT(flag, lo, hi, dst) else if (!strcmp(a, flag)) { ok = td_arg_int(a, v, lo, hi, &x); dst = x; i++; }
-#define FLT(flag, lo, hi, dst) else if (!strcmp(a, flag)) { ok = td_arg_float(a, v, lo, hi, &d); dst = d; i++; }
+#define INT(flag, lo, hi, dst)             \
+    else if (!strcmp(a, flag)) {           \
+        ok = td_arg_int(a, v, lo, hi, &x); \
+        dst = x;                           \
+        i++;                               \
+    }
+#define FLT(flag, lo, hi, dst)               \
+    else if (!strcmp(a, flag)) {             \
+        ok = td_arg_float(a, v, lo, hi, &d); \
+        dst = d;                             \
+        i++;                                 \
+    }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             free(shards);
@@ -87,10 +99,12 @@ int td_cmd_train(int argc, char **argv) {
                 p.out_dir = v;
             }
             i++;
-        } else if (a[0] == '-' && a[1]) {
+        }
+        else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "tandem train: unknown option '%s'\n", a);
             ok = 0;
-        } else {
+        }
+        else {
             shards[n++] = a;
         }
 #undef INT

@@ -3,7 +3,8 @@
 // bf16 rounding for mixed precision. Same contract as kernels.h: pure functions over one
 // (ith, nth) slice; they never allocate, never spawn threads and never fail. Work is split so that
 // no two slices write the same element (deterministic: results do not depend on nth).
-// RoPE's backward is the forward at negated positions (a rotation's transpose), so it has no kernel.
+// RoPE's backward is the forward at negated positions (a rotation's transpose), so it has no
+// kernel.
 #ifndef TD_KERNELS_BACKWARD_H
 #define TD_KERNELS_BACKWARD_H
 
@@ -11,7 +12,10 @@
 
 // Rounds f32 to the nearest bf16 (ties to even) and back: the value a bf16 operand carries.
 static inline float td_round_bf16(float f) {
-    union { float f; uint32_t u; } v = {f};
+    union {
+        float f;
+        uint32_t u;
+    } v = {f};
     if ((v.u & 0x7f800000u) == 0x7f800000u) return f;  // inf / nan unchanged
     v.u = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u;
     return v.f;
@@ -27,8 +31,9 @@ typedef struct td_round_bf16_args {
 void td_ref_round_bf16(const td_round_bf16_args *a, int ith, int nth);
 
 // Backward of y = x W^T + b.
-//   dx[n_tok, n_in]  (=, or += when accumulate) dy[n_tok, n_out] * W[n_out, n_in]   split over tokens
-//   dw[n_out, n_in] += dy^T x;  db[n_out] += sum_t dy[t]                            split over rows
+//   dx[n_tok, n_in]  (=, or += when accumulate) dy[n_tok, n_out] * W[n_out, n_in]   split over
+//   tokens dw[n_out, n_in] += dy^T x;  db[n_out] += sum_t dy[t]                            split
+//   over rows
 // Blocked for cache reuse; every sum runs in ascending index order whatever the blocking.
 typedef struct td_mm_bwd_args {
     const float *w;   // [n_out, n_in]
@@ -38,15 +43,16 @@ typedef struct td_mm_bwd_args {
     float *dw;        // [n_out, n_in] or NULL (skip), accumulated
     float *db;        // [n_out] or NULL, accumulated
     int n_tok, n_out, n_in;
-    int accumulate;   // dx += instead of dx =
+    int accumulate;  // dx += instead of dx =
 } td_mm_bwd_args;
 void td_ref_mm_bwd_x(const td_mm_bwd_args *a, int ith, int nth);
 void td_ref_mm_bwd_w(const td_mm_bwd_args *a, int ith, int nth);
 
 // Backward of y = x * rstd * w with rstd = 1/sqrt(mean(x^2) + eps), row by row (rstd recomputed
 // from x in double, as the forward does).
-//   bwd_x: rstd[r] is written; dx[r] (= or +=) rstd*g - x*rstd^3*mean(g*x), g = dy*w. Split over rows.
-//   bwd_w: dw[i] += sum_r dy[r,i] * x[r,i] * rstd[r] (needs bwd_x's rstd). Split over columns.
+//   bwd_x: rstd[r] is written; dx[r] (= or +=) rstd*g - x*rstd^3*mean(g*x), g = dy*w. Split over
+//   rows. bwd_w: dw[i] += sum_r dy[r,i] * x[r,i] * rstd[r] (needs bwd_x's rstd). Split over
+//   columns.
 typedef struct td_rmsnorm_bwd_args {
     const float *x;   // [n_rows, n] forward input
     const float *w;   // [n]
@@ -80,7 +86,8 @@ typedef struct td_attention_bwd_args {
 } td_attention_bwd_args;
 void td_ref_attention_bwd(const td_attention_bwd_args *a, int ith, int nth);
 
-// Backward of h = silu(g) * u: dg = dh * u * s * (1 + g (1 - s)), du = dh * silu(g), s = sigmoid(g).
+// Backward of h = silu(g) * u: dg = dh * u * s * (1 + g (1 - s)), du = dh * silu(g), s =
+// sigmoid(g).
 typedef struct td_swiglu_bwd_args {
     const float *gate, *up, *dh;  // [n]
     float *dgate, *dup;           // [n]; dgate may equal dh
@@ -101,12 +108,12 @@ void td_ref_embed_bwd(const td_embed_bwd_args *a, int ith, int nth);
 // accumulation), then z_t becomes dloss/dz = (softmax(z_t) - onehot(target_t)) * dscale.
 // A target of -1 is ignored: loss 0 and a zero gradient row. Targets are checked by the caller.
 typedef struct td_xent_args {
-    float *logits;            // [n_tok, vocab] in: logits, out: gradient
-    const int32_t *targets;   // [n_tok] in [0, vocab) or -1
-    float *loss;              // [n_tok]
+    float *logits;           // [n_tok, vocab] in: logits, out: gradient
+    const int32_t *targets;  // [n_tok] in [0, vocab) or -1
+    float *loss;             // [n_tok]
     int n_tok, vocab;
-    float dscale;             // usually 1 / (number of counted targets in the whole step)
-    int want_grad;            // 0: leave logits untouched (loss only)
+    float dscale;   // usually 1 / (number of counted targets in the whole step)
+    int want_grad;  // 0: leave logits untouched (loss only)
 } td_xent_args;
 void td_ref_xent(const td_xent_args *a, int ith, int nth);
 

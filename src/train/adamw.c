@@ -61,7 +61,8 @@ static void upd_task(void *ctx, int ith, int nth) {
     }
 }
 
-void td_adamw_update(td_adamw *o, const td_tparam *tensors, int n_tensors, float lr, td_pool *pool) {
+void td_adamw_update(td_adamw *o, const td_tparam *tensors, int n_tensors, float lr,
+                     td_pool *pool) {
     o->step++;
     const float bc1 = (float)(1.0 - pow(o->p.beta1, (double)o->step));
     const float bc2_sqrt = (float)sqrt(1.0 - pow(o->p.beta2, (double)o->step));

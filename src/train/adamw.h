@@ -15,9 +15,9 @@
 #include "train/model_train.h"
 
 typedef struct td_adamw_params {
-    float beta1, beta2;   // 0.9, 0.95 by default
-    float eps;            // 1e-8
-    float weight_decay;   // 0.1
+    float beta1, beta2;  // 0.9, 0.95 by default
+    float eps;           // 1e-8
+    float weight_decay;  // 0.1
 } td_adamw_params;
 
 td_adamw_params td_adamw_default_params(void);

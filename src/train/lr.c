@@ -10,5 +10,6 @@ float td_lr_at(const td_lr_schedule *s, long step) {
     const long span = (long)s->total_steps - s->warmup_steps;
     if (span <= 0 || step >= s->total_steps) return step >= s->total_steps ? s->min_lr : s->max_lr;
     const double progress = (double)(step - s->warmup_steps) / (double)span;
-    return (float)(s->min_lr + 0.5 * ((double)s->max_lr - s->min_lr) * (1.0 + cos(M_PI * progress)));
+    return (float)(s->min_lr +
+                   0.5 * ((double)s->max_lr - s->min_lr) * (1.0 + cos(M_PI * progress)));
 }

@@ -25,14 +25,14 @@ typedef struct model_views {
 } model_views;
 
 typedef struct layer_acts {  // one layer's saved activations, [N, *] with N = B*T
-    float *xn1;          // [N, D] attention RMSNorm output
-    float *qpre, *kpre;  // [N, qd], [N, kvd] before qk-norm (only with qk_norm)
-    float *q, *k, *v;    // [N, qd], [N, kvd], [N, kvd] (q, k after RoPE)
-    float *att;          // [N, qd] attention output (before wo)
-    float *xmid;         // [N, D] residual after the attention block
-    float *xn2;          // [N, D] MLP RMSNorm output
-    float *gate, *up;    // [N, F] before SwiGLU
-    float *h;            // [N, F] silu(gate) * up
+    float *xn1;              // [N, D] attention RMSNorm output
+    float *qpre, *kpre;      // [N, qd], [N, kvd] before qk-norm (only with qk_norm)
+    float *q, *k, *v;        // [N, qd], [N, kvd], [N, kvd] (q, k after RoPE)
+    float *att;              // [N, qd] attention output (before wo)
+    float *xmid;             // [N, D] residual after the attention block
+    float *xn2;              // [N, D] MLP RMSNorm output
+    float *gate, *up;        // [N, F] before SwiGLU
+    float *h;                // [N, F] silu(gate) * up
 } layer_acts;
 
 struct td_tmodel {
@@ -49,29 +49,29 @@ struct td_tmodel {
     float *params, *grads;  // [n_params] each
     model_views pw, gw;     // parameter and gradient views
 
-    float *acts;           // the one activation allocation
-    float **res;           // [L + 1] -> [N, D] residual stream at each layer input (res[L]: final)
-    layer_acts *la;        // [L] (or [1] with recompute)
-    float *xnf;            // [N, D] final RMSNorm output
-    float *logits;         // [N, V]
-    float *losses;         // [N]
-    float *dres, *dxn;     // [N, D]
-    float *dh, *dup;       // [N, F]
-    float *datt, *dq;      // [N, qd]
-    float *dk, *dv;        // [N, kvd]
-    float *dkn;            // [N, kvd] d(k before qk-norm) (only with qk_norm)
-    float *rstd;           // [N * max(nh, 1)]
-    float *xr, *dyr;       // BF16 only: [N, max(D, F, qd)] matmul operands rounded to bf16
-    float *wbf;            // BF16 only: [n_params] the parameters rounded to bf16, per forward
+    float *acts;        // the one activation allocation
+    float **res;        // [L + 1] -> [N, D] residual stream at each layer input (res[L]: final)
+    layer_acts *la;     // [L] (or [1] with recompute)
+    float *xnf;         // [N, D] final RMSNorm output
+    float *logits;      // [N, V]
+    float *losses;      // [N]
+    float *dres, *dxn;  // [N, D]
+    float *dh, *dup;    // [N, F]
+    float *datt, *dq;   // [N, qd]
+    float *dk, *dv;     // [N, kvd]
+    float *dkn;         // [N, kvd] d(k before qk-norm) (only with qk_norm)
+    float *rstd;        // [N * max(nh, 1)]
+    float *xr, *dyr;    // BF16 only: [N, max(D, F, qd)] matmul operands rounded to bf16
+    float *wbf;         // BF16 only: [n_params] the parameters rounded to bf16, per forward
     int32_t *tokens, *targets, *pos, *negpos, *seq_id;  // [N]
-    int32_t *blk_ids;           // [B]
-    const int32_t **blk_tab;    // [B]
+    int32_t *blk_ids;                                   // [B]
+    const int32_t **blk_tab;                            // [B]
     int have_fwd, have_targets;
 };
 
 td_tmodel_params td_tmodel_default_params(void) {
-    return (td_tmodel_params){.batch = 1, .seq_len = 64, .n_threads = 0, .precision = TD_TRAIN_FP32,
-                              .recompute = 0};
+    return (td_tmodel_params){
+        .batch = 1, .seq_len = 64, .n_threads = 0, .precision = TD_TRAIN_FP32, .recompute = 0};
 }
 
 // ------------------------------------------------------------------ tasks on the pool
@@ -89,13 +89,34 @@ typedef struct kjob {
     } u;
 } kjob;
 
-static void t_matmul(void *c, int i, int n) { const kjob *j = c; j->k->matmul(&j->u.mm, i, n); }
-static void t_rmsnorm(void *c, int i, int n) { const kjob *j = c; j->k->rmsnorm(&j->u.rn, i, n); }
-static void t_rope(void *c, int i, int n) { const kjob *j = c; j->k->rope(&j->u.rope, i, n); }
-static void t_attention(void *c, int i, int n) { const kjob *j = c; j->k->attention(&j->u.att, i, n); }
-static void t_silu_mul(void *c, int i, int n) { const kjob *j = c; j->k->silu_mul(&j->u.sm, i, n); }
-static void t_embed(void *c, int i, int n) { const kjob *j = c; j->k->embed(&j->u.emb, i, n); }
-static void t_add(void *c, int i, int n) { const kjob *j = c; j->k->add(&j->u.add, i, n); }
+static void t_matmul(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->matmul(&j->u.mm, i, n);
+}
+static void t_rmsnorm(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->rmsnorm(&j->u.rn, i, n);
+}
+static void t_rope(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->rope(&j->u.rope, i, n);
+}
+static void t_attention(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->attention(&j->u.att, i, n);
+}
+static void t_silu_mul(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->silu_mul(&j->u.sm, i, n);
+}
+static void t_embed(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->embed(&j->u.emb, i, n);
+}
+static void t_add(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->add(&j->u.add, i, n);
+}
 
 #define BWD_TASK(name, T, fn) \
     static void name(void *c, int i, int n) { fn((const T *)c, i, n); }
@@ -118,7 +139,9 @@ static void round_bf16(td_tmodel *tm, const float *x, float *y, size_t n) {
 }
 
 // The bf16-rounded copy of parameter tensor w (a view into wbf at the same offset).
-static const float *wbf_of(const td_tmodel *tm, const float *w) { return tm->wbf + (w - tm->params); }
+static const float *wbf_of(const td_tmodel *tm, const float *w) {
+    return tm->wbf + (w - tm->params);
+}
 
 // y[N, n_out] = x W^T + b with the inference kernel. BF16: x and W rounded to bf16 first (bf16
 // products, f32 accumulation; the bias stays f32).
@@ -129,7 +152,10 @@ static void mm(td_tmodel *tm, const float *w, const float *b, const float *x, fl
         x = tm->xr;
         w = wbf_of(tm, w);
     }
-    td_tensor wt = {.type = TD_F32, .ndim = 2, .ne = {n_out, n_in}, .data = w,
+    td_tensor wt = {.type = TD_F32,
+                    .ndim = 2,
+                    .ne = {n_out, n_in},
+                    .data = w,
                     .nbytes = (size_t)n_out * n_in * sizeof(float)};
     kjob j = {.k = tm->k, .u.mm = {.w = &wt, .bias = b, .x = x, .y = y, .n_tok = tm->N}};
     td_pool_run(tm->pool, t_matmul, &j);
@@ -148,29 +174,51 @@ static void mm_bwd(td_tmodel *tm, const float *w, const float *x, float *dy, flo
         round_bf16(tm, dy, r, (size_t)tm->N * n_out);
         dyo = r;
     }
-    td_mm_bwd_args a = {.w = w, .x = x, .dy = dyo, .dx = dx, .dw = dw, .db = db, .n_tok = tm->N,
-                        .n_out = n_out, .n_in = n_in, .accumulate = accumulate};
+    td_mm_bwd_args a = {.w = w,
+                        .x = x,
+                        .dy = dyo,
+                        .dx = dx,
+                        .dw = dw,
+                        .db = db,
+                        .n_tok = tm->N,
+                        .n_out = n_out,
+                        .n_in = n_in,
+                        .accumulate = accumulate};
     td_pool_run(tm->pool, t_mm_bwd_x, &a);
     td_pool_run(tm->pool, t_mm_bwd_w, &a);
 }
 
 static void rmsnorm(td_tmodel *tm, const float *x, const float *w, float *y, int rows, int n) {
-    kjob j = {.k = tm->k, .u.rn = {.x = x, .w = w, .y = y, .n_rows = rows, .n = n, .eps = tm->c.norm_eps}};
+    kjob j = {.k = tm->k,
+              .u.rn = {.x = x, .w = w, .y = y, .n_rows = rows, .n = n, .eps = tm->c.norm_eps}};
     td_pool_run(tm->pool, t_rmsnorm, &j);
 }
 
 static void rmsnorm_bwd(td_tmodel *tm, const float *x, const float *w, const float *dy, float *dx,
                         float *dw, int rows, int n, int accumulate) {
-    td_rmsnorm_bwd_args a = {.x = x, .w = w, .dy = dy, .dx = dx, .dw = dw, .rstd = tm->rstd,
-                             .n_rows = rows, .n = n, .eps = tm->c.norm_eps, .accumulate = accumulate};
+    td_rmsnorm_bwd_args a = {.x = x,
+                             .w = w,
+                             .dy = dy,
+                             .dx = dx,
+                             .dw = dw,
+                             .rstd = tm->rstd,
+                             .n_rows = rows,
+                             .n = n,
+                             .eps = tm->c.norm_eps,
+                             .accumulate = accumulate};
     td_pool_run(tm->pool, t_rn_bwd_x, &a);
     td_pool_run(tm->pool, t_rn_bwd_w, &a);
 }
 
 static void rope(td_tmodel *tm, float *x, const int32_t *pos, int n_heads) {
     kjob j = {.k = tm->k,
-              .u.rope = {.x = x, .pos = pos, .inv_freq = tm->inv_freq, .n_tok = tm->N, .n_heads = n_heads,
-                         .head_dim = tm->c.head_dim, .neox = tm->c.rope_style == TD_ROPE_NEOX}};
+              .u.rope = {.x = x,
+                         .pos = pos,
+                         .inv_freq = tm->inv_freq,
+                         .n_tok = tm->N,
+                         .n_heads = n_heads,
+                         .head_dim = tm->c.head_dim,
+                         .neox = tm->c.rope_style == TD_ROPE_NEOX}};
     td_pool_run(tm->pool, t_rope, &j);
 }
 
@@ -208,16 +256,22 @@ static void layout(sizer *s) {
     tm->pw.tok_embd = add_tensor(s, "model.embed_tokens.weight", V, D, 1);
     for (int l = 0; l < tm->L; l++) {
         layer_params lp = {0};
-#define T(field, suffix, r, cl, dec)                                      \
-    snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix);           \
+#define T(field, suffix, r, cl, dec)                          \
+    snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix); \
     lp.field = add_tensor(s, nm, r, cl, dec);
         T(attn_norm, "input_layernorm.weight", 1, D, 0)
         T(wq, "self_attn.q_proj.weight", qd, D, 1)
-        if (c->qkv_bias) { T(bq, "self_attn.q_proj.bias", 1, qd, 0) }
+        if (c->qkv_bias) {
+            T(bq, "self_attn.q_proj.bias", 1, qd, 0)
+        }
         T(wk, "self_attn.k_proj.weight", kvd, D, 1)
-        if (c->qkv_bias) { T(bk, "self_attn.k_proj.bias", 1, kvd, 0) }
+        if (c->qkv_bias) {
+            T(bk, "self_attn.k_proj.bias", 1, kvd, 0)
+        }
         T(wv, "self_attn.v_proj.weight", kvd, D, 1)
-        if (c->qkv_bias) { T(bv, "self_attn.v_proj.bias", 1, kvd, 0) }
+        if (c->qkv_bias) {
+            T(bv, "self_attn.v_proj.bias", 1, kvd, 0)
+        }
         if (c->qk_norm) {
             T(q_norm, "self_attn.q_norm.weight", 1, hd, 0)
             T(k_norm, "self_attn.k_norm.weight", 1, hd, 0)
@@ -246,11 +300,12 @@ static void make_grad_views(td_tmodel *tm) {
     tm->gw.output = gview(tm, tm->pw.output);
     for (int l = 0; l < tm->L; l++) {
         const layer_params *p = &tm->pw.l[l];
-        tm->gw.l[l] = (layer_params){
-            gview(tm, p->attn_norm), gview(tm, p->wq), gview(tm, p->bq), gview(tm, p->wk),
-            gview(tm, p->bk), gview(tm, p->wv), gview(tm, p->bv), gview(tm, p->q_norm),
-            gview(tm, p->k_norm), gview(tm, p->wo), gview(tm, p->ffn_norm), gview(tm, p->w_gate),
-            gview(tm, p->w_up), gview(tm, p->w_down)};
+        tm->gw.l[l] =
+            (layer_params){gview(tm, p->attn_norm), gview(tm, p->wq),       gview(tm, p->bq),
+                           gview(tm, p->wk),        gview(tm, p->bk),       gview(tm, p->wv),
+                           gview(tm, p->bv),        gview(tm, p->q_norm),   gview(tm, p->k_norm),
+                           gview(tm, p->wo),        gview(tm, p->ffn_norm), gview(tm, p->w_gate),
+                           gview(tm, p->w_up),      gview(tm, p->w_down)};
     }
 }
 
@@ -260,10 +315,10 @@ static size_t carve_acts(td_tmodel *tm, float *base) {
     const int n_blocks = tm->p.recompute ? 1 : tm->L;
     const int nh = tm->c.n_heads > tm->c.n_kv_heads ? tm->c.n_heads : tm->c.n_kv_heads;
     size_t off = 0;
-#define TAKE(ptr, n)                             \
-    do {                                         \
-        if (base) (ptr) = base + off;            \
-        off += (n);                              \
+#define TAKE(ptr, n)                  \
+    do {                              \
+        if (base) (ptr) = base + off; \
+        off += (n);                   \
     } while (0)
     for (int l = 0; l <= tm->L; l++) TAKE(tm->res[l], N * D);
     for (int b = 0; b < n_blocks; b++) {
@@ -334,11 +389,11 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     if (st) return st;
     td_tmodel_params p = pp ? *pp : td_tmodel_default_params();
     if (c->head_dim % 2 || c->head_dim > TD_ATTN_MAX_HEAD_DIM)
-        return td_err_set(err, TD_ERR_UNSUPPORTED, "train: head_dim %d must be even and <= %d", c->head_dim,
-                          TD_ATTN_MAX_HEAD_DIM);
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "train: head_dim %d must be even and <= %d",
+                          c->head_dim, TD_ATTN_MAX_HEAD_DIM);
     if (p.batch <= 0 || p.seq_len <= 0 || (int64_t)p.batch * p.seq_len > (1 << 24))
-        return td_err_set(err, TD_ERR_INVALID, "train: batch %d x seq_len %d is out of range", p.batch,
-                          p.seq_len);
+        return td_err_set(err, TD_ERR_INVALID, "train: batch %d x seq_len %d is out of range",
+                          p.batch, p.seq_len);
     if (p.precision != TD_TRAIN_FP32 && p.precision != TD_TRAIN_BF16)
         return td_err_set(err, TD_ERR_INVALID, "train: unknown precision %d", (int)p.precision);
     if (c->rope_scaling == TD_ROPE_SCALING_LINEAR && !(c->rope_factor > 0.0f))
@@ -384,10 +439,11 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     tm->blk_ids = malloc((size_t)p.batch * sizeof *tm->blk_ids);
     tm->blk_tab = malloc((size_t)p.batch * sizeof *tm->blk_tab);
     tm->pool = td_pool_create(p.n_threads);
-    if (!tm->tensors || !tm->pw.l || !tm->gw.l || !tm->res || !tm->la || !tm->params || !tm->grads ||
-        (p.precision == TD_TRAIN_BF16 && !tm->wbf) ||
-        !tm->acts || !tm->tokens || !tm->blk_ids || !tm->blk_tab || !tm->pool) {
-        st = td_err_set(err, TD_ERR_NOMEM, "train: out of memory (%zu parameters, %zu MiB of activations)",
+    if (!tm->tensors || !tm->pw.l || !tm->gw.l || !tm->res || !tm->la || !tm->params ||
+        !tm->grads || (p.precision == TD_TRAIN_BF16 && !tm->wbf) || !tm->acts || !tm->tokens ||
+        !tm->blk_ids || !tm->blk_tab || !tm->pool) {
+        st = td_err_set(err, TD_ERR_NOMEM,
+                        "train: out of memory (%zu parameters, %zu MiB of activations)",
                         tm->n_params, n_acts * sizeof(float) >> 20);
         td_tmodel_free(tm);
         return st;
@@ -468,7 +524,9 @@ static uint64_t splitmix(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-static double uniform01(uint64_t *s) { return ((splitmix(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+static double uniform01(uint64_t *s) {
+    return ((splitmix(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
 
 void td_tmodel_init_random(td_tmodel *tm, uint64_t seed, float std) {
     uint64_t s = seed;
@@ -497,10 +555,14 @@ static const td_tensor *model_tensor(const td_model *m, const td_tparam *t, cons
     if (!strcmp(t->name, "model.norm.weight")) return &m->out_norm;
     if (!strcmp(t->name, "lm_head.weight")) return &m->output;
     int l = -1, used = 0;
-    if (sscanf(t->name, "model.layers.%d.%n", &l, &used) != 1 || l < 0 || l >= tm->L || !m->layers) return NULL;
+    if (sscanf(t->name, "model.layers.%d.%n", &l, &used) != 1 || l < 0 || l >= tm->L || !m->layers)
+        return NULL;
     const td_layer_weights *w = &m->layers[l];
     const char *s = t->name + used;
-    static const struct { const char *suffix; size_t off; } map[] = {
+    static const struct {
+        const char *suffix;
+        size_t off;
+    } map[] = {
         {"input_layernorm.weight", offsetof(td_layer_weights, attn_norm)},
         {"self_attn.q_proj.weight", offsetof(td_layer_weights, wq)},
         {"self_attn.k_proj.weight", offsetof(td_layer_weights, wk)},
@@ -525,22 +587,26 @@ td_status td_tmodel_load(td_tmodel *tm, const td_model *m, td_err *err) {
     const td_model_config *a = &tm->c, *b = &m->cfg;
     if (a->vocab_size != b->vocab_size || a->dim != b->dim || a->n_layers != b->n_layers ||
         a->n_heads != b->n_heads || a->n_kv_heads != b->n_kv_heads || a->head_dim != b->head_dim ||
-        a->ffn_dim != b->ffn_dim || a->tie_embeddings != b->tie_embeddings || a->qkv_bias != b->qkv_bias ||
-        a->qk_norm != b->qk_norm)
-        return td_err_set(err, TD_ERR_INVALID, "train: the model's config does not match the trainer's");
+        a->ffn_dim != b->ffn_dim || a->tie_embeddings != b->tie_embeddings ||
+        a->qkv_bias != b->qkv_bias || a->qk_norm != b->qk_norm)
+        return td_err_set(err, TD_ERR_INVALID,
+                          "train: the model's config does not match the trainer's");
     for (int i = 0; i < tm->n_tensors; i++) {
         const td_tparam *t = &tm->tensors[i];
         const td_tensor *src = model_tensor(m, t, tm);
         const int64_t n = t->rows * t->cols;
         if (!src || !td_tensor_present(src) || td_tensor_nelem(src) != n)
-            return td_err_set(err, TD_ERR_INVALID, "train: %s is missing or has the wrong size", t->name);
+            return td_err_set(err, TD_ERR_INVALID, "train: %s is missing or has the wrong size",
+                              t->name);
         const size_t rb = td_row_bytes(src->type, src->ndim == 2 ? src->ne[1] : n);
-        if (rb == 0 || (src->nbytes && src->nbytes < rb * (size_t)(src->ndim == 2 ? src->ne[0] : 1)))
+        if (rb == 0 ||
+            (src->nbytes && src->nbytes < rb * (size_t)(src->ndim == 2 ? src->ne[0] : 1)))
             return td_err_set(err, TD_ERR_UNSUPPORTED, "train: %s: unsupported dtype %s", t->name,
                               td_dtype_name(src->type));
         td_to_f32(src->type, src->data, t->data, n);
     }
-    if (td_tensor_present(&m->rope_freqs)) {  // GGUF llama3 divisors, as the inference forward applies
+    if (td_tensor_present(
+            &m->rope_freqs)) {  // GGUF llama3 divisors, as the inference forward applies
         const int half = tm->c.head_dim / 2;
         if (td_tensor_nelem(&m->rope_freqs) != half)
             return td_err_set(err, TD_ERR_INVALID, "train: rope_freqs has the wrong size");
@@ -548,7 +614,8 @@ td_status td_tmodel_load(td_tmodel *tm, const td_model *m, td_err *err) {
         td_to_f32(m->rope_freqs.type, m->rope_freqs.data, ff, half);
         rope_init(tm);
         for (int i = 0; i < half; i++) {
-            if (!(ff[i] > 0.0f)) return td_err_set(err, TD_ERR_INVALID, "train: rope_freqs is not positive");
+            if (!(ff[i] > 0.0f))
+                return td_err_set(err, TD_ERR_INVALID, "train: rope_freqs is not positive");
             tm->inv_freq[i] /= ff[i];
         }
     }
@@ -575,11 +642,21 @@ static void layer_forward(td_tmodel *tm, int l, layer_acts *a) {
     rope(tm, a->q, tm->pos, c->n_heads);
     rope(tm, a->k, tm->pos, c->n_kv_heads);
     // The keys of sequence b are block b of a "cache" of block_size T: the inference kernel as is.
-    td_kv_layer kv = {.k = a->k, .v = a->v, .block_table = tm->blk_tab, .block_size = tm->p.seq_len,
+    td_kv_layer kv = {.k = a->k,
+                      .v = a->v,
+                      .block_table = tm->blk_tab,
+                      .block_size = tm->p.seq_len,
                       .kv_dim = kvd};
     kjob j = {.k = tm->k,
-              .u.att = {.q = a->q, .kv = &kv, .seq_id = tm->seq_id, .pos = tm->pos, .out = a->att, .n_tok = N,
-                        .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+              .u.att = {.q = a->q,
+                        .kv = &kv,
+                        .seq_id = tm->seq_id,
+                        .pos = tm->pos,
+                        .out = a->att,
+                        .n_tok = N,
+                        .n_heads = c->n_heads,
+                        .n_kv_heads = c->n_kv_heads,
+                        .head_dim = c->head_dim,
                         .scale = 1.0f / sqrtf((float)c->head_dim)}};
     td_pool_run(tm->pool, t_attention, &j);
     mm(tm, w->wo, NULL, a->att, a->xmid, D, qd);
@@ -605,7 +682,8 @@ td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t 
     const int N = tm->N, V = tm->V;
     for (int i = 0; i < N; i++) {
         if (tokens[i] < 0 || tokens[i] >= V)
-            return td_err_set(err, TD_ERR_INVALID, "train: token %d: id %d is outside [0, %d)", i, tokens[i], V);
+            return td_err_set(err, TD_ERR_INVALID, "train: token %d: id %d is outside [0, %d)", i,
+                              tokens[i], V);
         if (targets && (targets[i] < -1 || targets[i] >= V))
             return td_err_set(err, TD_ERR_INVALID, "train: target %d: id %d is outside [-1, %d)", i,
                               targets[i], V);
@@ -614,9 +692,13 @@ td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t 
     if (is_bf16(tm)) round_bf16(tm, tm->params, tm->wbf, tm->n_params);  // weights changed since
     if (targets) memcpy(tm->targets, targets, (size_t)N * sizeof(int32_t));
 
-    td_tensor emb = {.type = TD_F32, .ndim = 2, .ne = {V, tm->D}, .data = tm->pw.tok_embd,
+    td_tensor emb = {.type = TD_F32,
+                     .ndim = 2,
+                     .ne = {V, tm->D},
+                     .data = tm->pw.tok_embd,
                      .nbytes = (size_t)V * tm->D * sizeof(float)};
-    kjob j = {.k = tm->k, .u.emb = {.table = &emb, .tokens = tm->tokens, .y = tm->res[0], .n_tok = N}};
+    kjob j = {.k = tm->k,
+              .u.emb = {.table = &emb, .tokens = tm->tokens, .y = tm->res[0], .n_tok = N}};
     td_pool_run(tm->pool, t_embed, &j);
     for (int l = 0; l < tm->L; l++) layer_forward(tm, l, acts_of(tm, l));
     rmsnorm(tm, tm->res[tm->L], tm->pw.out_norm, tm->xnf, N, tm->D);
@@ -627,8 +709,12 @@ td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t 
     double sum = 0.0;
     int cnt = 0;
     if (targets) {
-        td_xent_args x = {.logits = tm->logits, .targets = tm->targets, .loss = tm->losses, .n_tok = N,
-                          .vocab = V, .want_grad = 0};
+        td_xent_args x = {.logits = tm->logits,
+                          .targets = tm->targets,
+                          .loss = tm->losses,
+                          .n_tok = N,
+                          .vocab = V,
+                          .want_grad = 0};
         td_pool_run(tm->pool, t_xent, &x);
         for (int i = 0; i < N; i++)
             if (targets[i] >= 0) sum += tm->losses[i], cnt++;
@@ -647,27 +733,42 @@ static void layer_backward(td_tmodel *tm, int l, const layer_acts *a) {
     const int D = tm->D, qd = tm->qd, kvd = tm->kvd, F = tm->F, N = tm->N;
     // MLP: res[l+1] = xmid + w_down(silu(gate) * up), gate/up = w_{gate,up}(rmsnorm(xmid))
     mm_bwd(tm, w->w_down, a->h, tm->dres, tm->dh, g->w_down, NULL, D, F, 0, 1);
-    td_swiglu_bwd_args sw = {.gate = a->gate, .up = a->up, .dh = tm->dh, .dgate = tm->dh, .dup = tm->dup,
+    td_swiglu_bwd_args sw = {.gate = a->gate,
+                             .up = a->up,
+                             .dh = tm->dh,
+                             .dgate = tm->dh,
+                             .dup = tm->dup,
                              .n = (int64_t)N * F};
     td_pool_run(tm->pool, t_swiglu_bwd, &sw);
     mm_bwd(tm, w->w_gate, a->xn2, tm->dh, tm->dxn, g->w_gate, NULL, F, D, 0, 0);
     mm_bwd(tm, w->w_up, a->xn2, tm->dup, tm->dxn, g->w_up, NULL, F, D, 1, 0);
-    rmsnorm_bwd(tm, a->xmid, w->ffn_norm, tm->dxn, tm->dres, g->ffn_norm, N, D, 1);  // dres = d xmid
+    rmsnorm_bwd(tm, a->xmid, w->ffn_norm, tm->dxn, tm->dres, g->ffn_norm, N, D,
+                1);  // dres = d xmid
     // Attention: xmid = res[l] + wo(attn(rope(q), rope(k), v))
     mm_bwd(tm, w->wo, a->att, tm->dres, tm->datt, g->wo, NULL, D, qd, 0, 1);
-    td_attention_bwd_args ab = {.q = a->q, .k = a->k, .v = a->v, .out = a->att, .dout = tm->datt,
-                                .dq = tm->dq, .dk = tm->dk, .dv = tm->dv, .n_seq = tm->p.batch,
-                                .seq_len = tm->p.seq_len, .n_heads = c->n_heads,
-                                .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+    td_attention_bwd_args ab = {.q = a->q,
+                                .k = a->k,
+                                .v = a->v,
+                                .out = a->att,
+                                .dout = tm->datt,
+                                .dq = tm->dq,
+                                .dk = tm->dk,
+                                .dv = tm->dv,
+                                .n_seq = tm->p.batch,
+                                .seq_len = tm->p.seq_len,
+                                .n_heads = c->n_heads,
+                                .n_kv_heads = c->n_kv_heads,
+                                .head_dim = c->head_dim,
                                 .scale = 1.0f / sqrtf((float)c->head_dim)};
     td_pool_run(tm->pool, t_att_bwd, &ab);
     rope(tm, tm->dq, tm->negpos, c->n_heads);
     rope(tm, tm->dk, tm->negpos, c->n_kv_heads);
     float *dqp = tm->dq, *dkp = tm->dk;  // d(q, k) before the qk-norm
-    if (c->qk_norm) {  // datt is free again; dkn is the qk-norm's own scratch
+    if (c->qk_norm) {                    // datt is free again; dkn is the qk-norm's own scratch
         dqp = tm->datt, dkp = tm->dkn;
         rmsnorm_bwd(tm, a->qpre, w->q_norm, tm->dq, dqp, g->q_norm, N * c->n_heads, c->head_dim, 0);
-        rmsnorm_bwd(tm, a->kpre, w->k_norm, tm->dk, dkp, g->k_norm, N * c->n_kv_heads, c->head_dim, 0);
+        rmsnorm_bwd(tm, a->kpre, w->k_norm, tm->dk, dkp, g->k_norm, N * c->n_kv_heads, c->head_dim,
+                    0);
     }
     mm_bwd(tm, w->wq, a->xn1, dqp, tm->dxn, g->wq, g->bq, qd, D, 0, 0);
     mm_bwd(tm, w->wk, a->xn1, dkp, tm->dxn, g->wk, g->bk, kvd, D, 1, 0);
@@ -677,11 +778,17 @@ static void layer_backward(td_tmodel *tm, int l, const layer_acts *a) {
 
 td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err) {
     if (!tm || !tm->have_fwd || !tm->have_targets)
-        return td_err_set(err, TD_ERR_INVALID, "train: backward needs a forward with targets first");
+        return td_err_set(err, TD_ERR_INVALID,
+                          "train: backward needs a forward with targets first");
     const int N = tm->N, V = tm->V, D = tm->D;
     tm->have_fwd = 0;
-    td_xent_args x = {.logits = tm->logits, .targets = tm->targets, .loss = tm->losses, .n_tok = N, .vocab = V,
-                      .dscale = dscale, .want_grad = 1};
+    td_xent_args x = {.logits = tm->logits,
+                      .targets = tm->targets,
+                      .loss = tm->losses,
+                      .n_tok = N,
+                      .vocab = V,
+                      .dscale = dscale,
+                      .want_grad = 1};
     td_pool_run(tm->pool, t_xent, &x);  // logits -> dlogits
     mm_bwd(tm, tm->pw.output, tm->xnf, tm->logits, tm->dxn, tm->gw.output, NULL, V, D, 0, 0);
     rmsnorm_bwd(tm, tm->res[tm->L], tm->pw.out_norm, tm->dxn, tm->dres, tm->gw.out_norm, N, D, 0);
@@ -691,8 +798,8 @@ td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err) {
         if (tm->p.recompute && l != tm->L - 1) layer_forward(tm, l, acts_of(tm, l));
         layer_backward(tm, l, acts_of(tm, l));
     }
-    td_embed_bwd_args eb = {.tokens = tm->tokens, .dy = tm->dres, .dtable = tm->gw.tok_embd, .n_tok = N,
-                            .dim = D};
+    td_embed_bwd_args eb = {
+        .tokens = tm->tokens, .dy = tm->dres, .dtable = tm->gw.tok_embd, .n_tok = N, .dim = D};
     td_pool_run(tm->pool, t_embed_bwd, &eb);
     return TD_OK;
 }

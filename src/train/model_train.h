@@ -1,7 +1,8 @@
 // The trainable Llama-family model: f32 master weights in one contiguous buffer with a view per
 // tensor, gradients in a second buffer of the same layout, and an activation buffer sized once from
 // (batch, seq_len); the forward that keeps what the backward needs, and the hand-written backward.
-// Not here: the optimizer (train/adamw.h), the step with accumulation and clipping (train/trainer.h).
+// Not here: the optimizer (train/adamw.h), the step with accumulation and clipping
+// (train/trainer.h).
 #ifndef TD_TRAIN_MODEL_TRAIN_H
 #define TD_TRAIN_MODEL_TRAIN_H
 
@@ -19,11 +20,11 @@ typedef enum {
 } td_train_precision;
 
 typedef struct td_tmodel_params {
-    int batch;          // sequences per micro-batch (B)
-    int seq_len;        // tokens per sequence (T); positions 0..T-1
-    int n_threads;      // <= 0: all online CPUs
+    int batch;      // sequences per micro-batch (B)
+    int seq_len;    // tokens per sequence (T); positions 0..T-1
+    int n_threads;  // <= 0: all online CPUs
     td_train_precision precision;
-    int recompute;      // 1: keep only each layer's input and recompute the layer in backward
+    int recompute;  // 1: keep only each layer's input and recompute the layer in backward
 } td_tmodel_params;
 
 // batch 1, seq_len 64, n_threads 0, FP32, no recomputation.
@@ -31,12 +32,12 @@ td_tmodel_params td_tmodel_default_params(void);
 
 // One parameter tensor: a view into the parameter buffer and the same view into the gradients.
 typedef struct td_tparam {
-    char name[64];     // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
-    float *data;       // into the parameter buffer
-    float *grad;       // into the gradient buffer (same offset)
-    size_t offset;     // elements from the start of the buffers
+    char name[64];       // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
+    float *data;         // into the parameter buffer
+    float *grad;         // into the gradient buffer (same offset)
+    size_t offset;       // elements from the start of the buffers
     int64_t rows, cols;  // [rows, cols]; 1-D tensors have rows 1
-    int decay;         // 1: weight decay applies (matrices, embeddings); 0: norms and biases
+    int decay;           // 1: weight decay applies (matrices, embeddings); 0: norms and biases
 } td_tparam;
 
 typedef struct td_tmodel td_tmodel;
@@ -60,7 +61,7 @@ td_status td_tmodel_load(td_tmodel *tm, const td_model *m, td_err *err);
 const td_model_config *td_tmodel_config(const td_tmodel *tm);
 td_tmodel_params td_tmodel_get_params(const td_tmodel *tm);
 int td_tmodel_n_tensors(const td_tmodel *tm);
-const td_tparam *td_tmodel_tensor(const td_tmodel *tm, int i);        // i in [0, n_tensors)
+const td_tparam *td_tmodel_tensor(const td_tmodel *tm, int i);           // i in [0, n_tensors)
 const td_tparam *td_tmodel_find(const td_tmodel *tm, const char *name);  // NULL if absent
 float *td_tmodel_params_buf(td_tmodel *tm, size_t *n);  // n: elements (both buffers)
 float *td_tmodel_grads_buf(td_tmodel *tm, size_t *n);

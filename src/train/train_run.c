@@ -17,12 +17,21 @@ td_train_run_params td_train_run_default_params(void) {
     memset(&p, 0, sizeof p);
     td_model_config_init(&p.cfg);
     p.cfg.arch = TD_ARCH_LLAMA;
-    p.cfg.dim = 128, p.cfg.n_layers = 4, p.cfg.n_heads = 4, p.cfg.n_kv_heads = 4, p.cfg.head_dim = 32;
-    p.cfg.ffn_dim = 384, p.cfg.norm_eps = 1e-5f, p.cfg.rope_theta = 10000.0f, p.cfg.tie_embeddings = true;
+    p.cfg.dim = 128;
+    p.cfg.n_layers = 4;
+    p.cfg.n_heads = 4;
+    p.cfg.n_kv_heads = 4;
+    p.cfg.head_dim = 32;
+    p.cfg.ffn_dim = 384;
+    p.cfg.norm_eps = 1e-5f;
+    p.cfg.rope_theta = 10000.0f;
+    p.cfg.tie_embeddings = true;
     p.model = td_tmodel_default_params();
-    p.model.batch = 4, p.model.seq_len = 128;
+    p.model.batch = 4;
+    p.model.seq_len = 128;
     p.trainer = td_trainer_default_params();
-    p.trainer.lr = (td_lr_schedule){.max_lr = 3e-4f, .min_lr = 3e-5f, .warmup_steps = 50, .total_steps = 1000};
+    p.trainer.lr =
+        (td_lr_schedule){.max_lr = 3e-4f, .min_lr = 3e-5f, .warmup_steps = 50, .total_steps = 1000};
     p.steps = 1000;
     p.seed = 1;
     p.init_std = 0.02f;
@@ -31,37 +40,53 @@ td_train_run_params td_train_run_default_params(void) {
 }
 
 // Writes params, AdamW state and metadata as dir/ckpt-<step + 1>.tdck (the number of steps done).
-static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *tr, td_loader *ld, td_err *err) {
+static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *tr, td_loader *ld,
+                      td_err *err) {
     const int nt = td_tmodel_n_tensors(tm);
     td_ckpt_tensor *ts = calloc((size_t)nt + 2, sizeof *ts);
     char *names = calloc((size_t)nt, 80);
     if (!ts || !names) {
-        free(ts), free(names);
+        free(ts);
+        free(names);
         return td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
     }
     for (int i = 0; i < nt; i++) {
         const td_tparam *t = td_tmodel_tensor(tm, i);
         char *nm = names + (size_t)i * 80;
         snprintf(nm, 80, "param.%s", t->name);
-        ts[i] = (td_ckpt_tensor){.name = nm, .dtype = TD_F32, .ndim = t->rows == 1 ? 1 : 2,
+        ts[i] = (td_ckpt_tensor){.name = nm,
+                                 .dtype = TD_F32,
+                                 .ndim = t->rows == 1 ? 1 : 2,
                                  .shape = {t->rows == 1 ? t->cols : t->rows, t->cols},
-                                 .data = t->data, .nbytes = (size_t)(t->rows * t->cols) * sizeof(float)};
+                                 .data = t->data,
+                                 .nbytes = (size_t)(t->rows * t->cols) * sizeof(float)};
     }
     td_adamw *o = td_trainer_adamw(tr);
     const size_t n = td_adamw_size(o);
-    ts[nt] = (td_ckpt_tensor){.name = "adam.m", .dtype = TD_F32, .ndim = 1, .shape = {(int64_t)n},
-                              .data = td_adamw_m(o), .nbytes = n * sizeof(float)};
-    ts[nt + 1] = (td_ckpt_tensor){.name = "adam.v", .dtype = TD_F32, .ndim = 1, .shape = {(int64_t)n},
-                                  .data = td_adamw_v(o), .nbytes = n * sizeof(float)};
+    ts[nt] = (td_ckpt_tensor){.name = "adam.m",
+                              .dtype = TD_F32,
+                              .ndim = 1,
+                              .shape = {(int64_t)n},
+                              .data = td_adamw_m(o),
+                              .nbytes = n * sizeof(float)};
+    ts[nt + 1] = (td_ckpt_tensor){.name = "adam.v",
+                                  .dtype = TD_F32,
+                                  .ndim = 1,
+                                  .shape = {(int64_t)n},
+                                  .data = td_adamw_v(o),
+                                  .nbytes = n * sizeof(float)};
     char pos[160], meta[400];
     td_loader_pos lp = td_loader_tell(ld);
     td_loader_pos_format(&lp, pos, sizeof pos);
     const long steps = td_trainer_step_count(tr);
-    snprintf(meta, sizeof meta, "{\"step\":%ld,\"loader\":%s,\"seed\":\"%016" PRIx64 "\"}", steps, pos, p->seed);
+    snprintf(meta, sizeof meta, "{\"step\":%ld,\"loader\":%s,\"seed\":\"%016" PRIx64 "\"}", steps,
+             pos, p->seed);
     char path[1024];
-    td_status st = td_ckpt_dir_save(p->out_dir, steps, ts, nt + 2, meta, p->keep, path, sizeof path, err);
+    td_status st =
+        td_ckpt_dir_save(p->out_dir, steps, ts, nt + 2, meta, p->keep, path, sizeof path, err);
     if (st == TD_OK && p->log) fprintf(p->log, "checkpoint %s\n", path);
-    free(ts), free(names);
+    free(ts);
+    free(names);
     return st;
 }
 
@@ -73,7 +98,8 @@ static td_status copy_params(td_tmodel *tm, const td_ckpt *ck, const char *what,
         const td_ckpt_tensor *c = td_ckpt_find(ck, nm);
         const size_t nb = (size_t)(t->rows * t->cols) * sizeof(float);
         if (!c || c->dtype != TD_F32 || c->nbytes != nb)
-            return td_err_set(err, TD_ERR_FORMAT, "%s: %s is missing or does not match the model", what, nm);
+            return td_err_set(err, TD_ERR_FORMAT, "%s: %s is missing or does not match the model",
+                              what, nm);
         memcpy(t->data, c->data, nb);
     }
     return TD_OK;
@@ -90,8 +116,8 @@ td_status td_train_load_ckpt_params(td_tmodel *tm, const char *path, td_err *err
 
 // Restores params, AdamW state, step and data position from the newest checkpoint in out_dir.
 // *found = 0 when there is none.
-static td_status restore(const td_train_run_params *p, td_tmodel *tm, td_trainer *tr, td_loader *ld, int *found,
-                         td_err *err) {
+static td_status restore(const td_train_run_params *p, td_tmodel *tm, td_trainer *tr, td_loader *ld,
+                         int *found, td_err *err) {
     *found = 0;
     td_ckpt *ck = NULL;
     int64_t step = 0;
@@ -102,8 +128,10 @@ static td_status restore(const td_train_run_params *p, td_tmodel *tm, td_trainer
     td_adamw *o = td_trainer_adamw(tr);
     const td_ckpt_tensor *m = td_ckpt_find(ck, "adam.m"), *v = td_ckpt_find(ck, "adam.v");
     const size_t nb = td_adamw_size(o) * sizeof(float);
-    if (!m || !v || m->nbytes != nb || v->nbytes != nb || m->dtype != TD_F32 || v->dtype != TD_F32) {
-        st = td_err_set(err, TD_ERR_FORMAT, "%s: optimizer state missing or of another size", p->out_dir);
+    if (!m || !v || m->nbytes != nb || v->nbytes != nb || m->dtype != TD_F32 ||
+        v->dtype != TD_F32) {
+        st = td_err_set(err, TD_ERR_FORMAT, "%s: optimizer state missing or of another size",
+                        p->out_dir);
         goto done;
     }
     memcpy(td_adamw_m(o), m->data, nb);
@@ -114,8 +142,10 @@ static td_status restore(const td_train_run_params *p, td_tmodel *tm, td_trainer
     char *lt = jl ? cJSON_PrintUnformatted(jl) : NULL;
     td_loader_pos pos;
     if (!cJSON_IsNumber(js) || js->valuedouble != (double)step || !lt) {
-        st = td_err_set(err, TD_ERR_FORMAT, "%s: checkpoint metadata lacks step or loader", p->out_dir);
-    } else if ((st = td_loader_pos_parse(lt, &pos, err)) == TD_OK && (st = td_loader_seek(ld, &pos, err)) == TD_OK) {
+        st = td_err_set(err, TD_ERR_FORMAT, "%s: checkpoint metadata lacks step or loader",
+                        p->out_dir);
+    } else if ((st = td_loader_pos_parse(lt, &pos, err)) == TD_OK &&
+               (st = td_loader_seek(ld, &pos, err)) == TD_OK) {
         td_adamw_set_step_count(o, (long)step);
         *found = 1;
     }
@@ -128,11 +158,14 @@ done:
 
 td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, td_err *err) {
     td_train_run_result res = {0};
-    if (!p || !p->shards || p->n_shards <= 0) return td_err_set(err, TD_ERR_INVALID, "train: no shards");
+    if (!p || !p->shards || p->n_shards <= 0)
+        return td_err_set(err, TD_ERR_INVALID, "train: no shards");
     if ((p->resume || p->ckpt_every > 0) && !p->out_dir)
         return td_err_set(err, TD_ERR_INVALID, "train: checkpoints need an output directory");
     const int B = p->model.batch, T = p->model.seq_len, K = p->trainer.grad_accum;
-    if (B <= 0 || T <= 0 || K <= 0) return td_err_set(err, TD_ERR_INVALID, "train: batch, seq_len and accumulation must be > 0");
+    if (B <= 0 || T <= 0 || K <= 0)
+        return td_err_set(err, TD_ERR_INVALID,
+                          "train: batch, seq_len and accumulation must be > 0");
 
     td_loader_params lp = td_loader_default_params();
     lp.paths = p->shards, lp.n_paths = p->n_shards, lp.B = B, lp.T = T, lp.seed = p->seed;
@@ -153,7 +186,8 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
     }
     if (cfg.max_pos < T) cfg.max_pos = T;
     if (td_loader_vocab(ld) > cfg.vocab_size) {
-        st = td_err_set(err, TD_ERR_INVALID, "train: the shards' vocabulary (%d) exceeds the model's (%d)",
+        st = td_err_set(err, TD_ERR_INVALID,
+                        "train: the shards' vocabulary (%d) exceeds the model's (%d)",
                         td_loader_vocab(ld), cfg.vocab_size);
         goto done;
     }
@@ -179,17 +213,20 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
     size_t np;
     td_tmodel_params_buf(tm, &np);
     if (p->log)
-        fprintf(p->log, "train: %zu parameters, %d layers, dim %d, vocab %d, batch %d x %d x %d, %s%s%s\n", np,
-                cfg.n_layers, cfg.dim, cfg.vocab_size, K, B, T,
-                p->model.precision == TD_TRAIN_BF16 ? "bf16" : "fp32", p->model.recompute ? ", recompute" : "",
-                resumed ? ", resumed" : "");
+        fprintf(p->log,
+                "train: %zu parameters, %d layers, dim %d, vocab %d, batch %d x %d x %d, %s%s%s\n",
+                np, cfg.n_layers, cfg.dim, cfg.vocab_size, K, B, T,
+                p->model.precision == TD_TRAIN_BF16 ? "bf16" : "fp32",
+                p->model.recompute ? ", recompute" : "", resumed ? ", resumed" : "");
     for (long s = td_trainer_step_count(tr); s < p->steps; s++) {
         const double t0 = td_now();
         for (int k = 0; k < K; k++) {
             td_loader_next(ld, win);
             for (int b = 0; b < B; b++) {
-                memcpy(tok + k * N + (size_t)b * T, win + (size_t)b * (T + 1), (size_t)T * sizeof *tok);
-                memcpy(tgt + k * N + (size_t)b * T, win + (size_t)b * (T + 1) + 1, (size_t)T * sizeof *tgt);
+                memcpy(tok + k * N + (size_t)b * T, win + (size_t)b * (T + 1),
+                       (size_t)T * sizeof *tok);
+                memcpy(tgt + k * N + (size_t)b * T, win + (size_t)b * (T + 1) + 1,
+                       (size_t)T * sizeof *tgt);
             }
         }
         td_step_stats ss;
@@ -200,10 +237,12 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         res.last_step = ss.step;
         res.last_loss = ss.loss;
         if (p->log)
-            fprintf(p->log, "step %ld/%ld | loss %.4f | lr %.3e | norm %.3f | %.0f tok/s\n", ss.step + 1, p->steps,
-                    ss.loss, (double)ss.lr, ss.grad_norm, dt > 0 ? (double)(N * K) / dt : 0.0);
+            fprintf(p->log, "step %ld/%ld | loss %.4f | lr %.3e | norm %.3f | %.0f tok/s\n",
+                    ss.step + 1, p->steps, ss.loss, (double)ss.lr, ss.grad_norm,
+                    dt > 0 ? (double)(N * K) / dt : 0.0);
         if (!isfinite(ss.loss)) {
-            st = td_err_set(err, TD_ERR_INVALID, "train: the loss is not finite at step %ld", ss.step + 1);
+            st = td_err_set(err, TD_ERR_INVALID, "train: the loss is not finite at step %ld",
+                            ss.step + 1);
             goto done;
         }
         const int last = s + 1 == p->steps;
@@ -212,7 +251,9 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
             goto done;
     }
 done:
-    free(win), free(tok), free(tgt);
+    free(win);
+    free(tok);
+    free(tgt);
     td_trainer_free(tr);
     td_tmodel_free(tm);
     td_model_free(m);

@@ -16,18 +16,19 @@
 typedef struct td_train_run_params {
     const char *const *shards;  // token shard files (shards.h)
     int n_shards;
-    const char *model_dir;  // start from these weights (HF dir or .gguf); NULL: from scratch with cfg
-    td_model_config cfg;    // used from scratch; vocab_size 0 = the shards' vocabulary
-    td_tmodel_params model; // batch, seq_len, threads, precision, recompute
+    const char
+        *model_dir;       // start from these weights (HF dir or .gguf); NULL: from scratch with cfg
+    td_model_config cfg;  // used from scratch; vocab_size 0 = the shards' vocabulary
+    td_tmodel_params model;  // batch, seq_len, threads, precision, recompute
     td_trainer_params trainer;
-    long steps;             // optimizer steps in total (a resumed run continues up to this)
-    uint64_t seed;          // initialisation and data order
-    float init_std;         // 0.02
-    const char *out_dir;    // checkpoints (ckpt-<step>.tdck); NULL: none
-    long ckpt_every;        // steps between checkpoints (and one at the end); <= 0: only the end
-    int keep;               // checkpoints kept (<= 0: all)
-    int resume;             // continue from the newest checkpoint in out_dir if there is one
-    FILE *log;              // progress lines (NULL: none)
+    long steps;           // optimizer steps in total (a resumed run continues up to this)
+    uint64_t seed;        // initialisation and data order
+    float init_std;       // 0.02
+    const char *out_dir;  // checkpoints (ckpt-<step>.tdck); NULL: none
+    long ckpt_every;      // steps between checkpoints (and one at the end); <= 0: only the end
+    int keep;             // checkpoints kept (<= 0: all)
+    int resume;           // continue from the newest checkpoint in out_dir if there is one
+    FILE *log;            // progress lines (NULL: none)
 } td_train_run_params;
 
 // Defaults: a small llama (dim 128, 4 layers, 4 heads, ffn 384, tied), batch 4 x 128, accumulation

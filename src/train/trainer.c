@@ -21,11 +21,13 @@ td_trainer_params td_trainer_default_params(void) {
     };
 }
 
-td_status td_trainer_create(td_tmodel *tm, const td_trainer_params *pp, td_trainer **out, td_err *err) {
+td_status td_trainer_create(td_tmodel *tm, const td_trainer_params *pp, td_trainer **out,
+                            td_err *err) {
     *out = NULL;
     td_trainer_params p = pp ? *pp : td_trainer_default_params();
     if (!tm) return td_err_set(err, TD_ERR_INVALID, "trainer: no model");
-    if (p.grad_accum < 1) return td_err_set(err, TD_ERR_INVALID, "trainer: grad_accum %d < 1", p.grad_accum);
+    if (p.grad_accum < 1)
+        return td_err_set(err, TD_ERR_INVALID, "trainer: grad_accum %d < 1", p.grad_accum);
     if (!(p.lr.max_lr >= 0.0f) || !(p.lr.min_lr >= 0.0f))
         return td_err_set(err, TD_ERR_INVALID, "trainer: learning rates must be >= 0");
     td_trainer *t = calloc(1, sizeof *t);
@@ -80,9 +82,10 @@ static void scale_task(void *ctx, int ith, int nth) {
     for (long i = lo; i < hi; i++) j->g[i] *= j->s;
 }
 
-td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *targets, td_step_stats *stats,
-                          td_err *err) {
-    if (!t || !tokens || !targets) return td_err_set(err, TD_ERR_INVALID, "trainer: no tokens or targets");
+td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *targets,
+                          td_step_stats *stats, td_err *err) {
+    if (!t || !tokens || !targets)
+        return td_err_set(err, TD_ERR_INVALID, "trainer: no tokens or targets");
     td_tmodel *tm = t->tm;
     const td_tmodel_params mp = td_tmodel_get_params(tm);
     const size_t N = (size_t)mp.batch * mp.seq_len;
@@ -90,7 +93,8 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
     long count = 0;
     for (size_t i = 0; i < N * (size_t)t->p.grad_accum; i++) {
         if (tokens[i] < 0 || tokens[i] >= V || targets[i] < -1 || targets[i] >= V)
-            return td_err_set(err, TD_ERR_INVALID, "trainer: token or target %zu is out of range", i);
+            return td_err_set(err, TD_ERR_INVALID, "trainer: token or target %zu is out of range",
+                              i);
         count += targets[i] >= 0;
     }
     if (count == 0) return td_err_set(err, TD_ERR_INVALID, "trainer: the step has no targets");
@@ -127,7 +131,10 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
     const float lr = td_lr_at(&t->p.lr, step);
     td_adamw_update(t->opt, td_tmodel_tensor(tm, 0), td_tmodel_n_tensors(tm), lr, pool);
     if (stats)
-        *stats = (td_step_stats){.loss = loss_sum / count, .grad_norm = norm, .lr = lr, .step = step,
+        *stats = (td_step_stats){.loss = loss_sum / count,
+                                 .grad_norm = norm,
+                                 .lr = lr,
+                                 .step = step,
                                  .n_targets = count};
     return TD_OK;
 }

@@ -70,17 +70,20 @@ static void run(int tie) {
             if (d > 2e-3 + 2e-2 * fabs(fd)) bad++;
             worst = fmax(worst, d);
         }
-        CHECK(bad == 0, "%s %s: %d of 4 sampled gradients off finite differences (worst %g)", tie ? "tied" : "untied",
-              t->name, bad, worst);
+        CHECK(bad == 0, "%s %s: %d of 4 sampled gradients off finite differences (worst %g)",
+              tie ? "tied" : "untied", t->name, bad, worst);
     }
     // Input errors.
     int32_t bad_tok[10], bad_tgt[10];
     memcpy(bad_tok, tok, sizeof tok), memcpy(bad_tgt, tgt, sizeof tgt);
     bad_tok[4] = 17, bad_tgt[2] = -2;
-    CHECK(td_tmodel_forward(tm, bad_tok, tgt, NULL, NULL, &err) == TD_ERR_INVALID, "token 17 accepted");
-    CHECK(td_tmodel_forward(tm, tok, bad_tgt, NULL, NULL, &err) == TD_ERR_INVALID, "target -2 accepted");
+    CHECK(td_tmodel_forward(tm, bad_tok, tgt, NULL, NULL, &err) == TD_ERR_INVALID,
+          "token 17 accepted");
+    CHECK(td_tmodel_forward(tm, tok, bad_tgt, NULL, NULL, &err) == TD_ERR_INVALID,
+          "target -2 accepted");
     CHECK(td_tmodel_forward(tm, tok, NULL, NULL, NULL, &err) == TD_OK, "forward without targets");
-    CHECK(td_tmodel_backward(tm, 1.0f, &err) == TD_ERR_INVALID, "backward without targets accepted");
+    CHECK(td_tmodel_backward(tm, 1.0f, &err) == TD_ERR_INVALID,
+          "backward without targets accepted");
     td_tmodel_free(tm);
 }
 

@@ -16,7 +16,9 @@ static double urand(void) {  // xorshift64, uniform in [-1, 1)
     rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
     return (double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0;
 }
-static void fill(float *a, int n, double s) { for (int i = 0; i < n; i++) a[i] = (float)(s * urand()); }
+static void fill(float *a, int n, double s) {
+    for (int i = 0; i < n; i++) a[i] = (float)(s * urand());
+}
 
 #define FD_H 1e-6
 #define RTOL 1e-4
@@ -56,7 +58,8 @@ static double *to_d(const float *a, int n) {
 }
 
 // Runs a kernel as nth slices one after another.
-#define RUN(fn, args, nth) for (int i_ = 0; i_ < (nth); i_++) fn((args), i_, (nth))
+#define RUN(fn, args, nth) \
+    for (int i_ = 0; i_ < (nth); i_++) fn((args), i_, (nth))
 
 // ------------------------------------------------------------------ matmul
 enum { MN = 5, MO = 7, MI = 13 };
@@ -74,13 +77,25 @@ static double mm_loss(op *o) {
 }
 
 static void test_matmul(void) {
-    float x[MN * MI], w[MO * MI], b[MO], dy[MN * MO], dx[MN * MI], dw[MO * MI], db[MO], pre[MN * MI];
-    fill(x, MN * MI, 1), fill(w, MO * MI, 1), fill(b, MO, 1), fill(dy, MN * MO, 1), fill(pre, MN * MI, 1);
+    float x[MN * MI], w[MO * MI], b[MO], dy[MN * MO], dx[MN * MI], dw[MO * MI], db[MO],
+        pre[MN * MI];
+    fill(x, MN * MI, 1), fill(w, MO * MI, 1), fill(b, MO, 1), fill(dy, MN * MO, 1),
+        fill(pre, MN * MI, 1);
     double *r = to_d(dy, MN * MO);
     mm_r = r;
-    op o = {.loss = mm_loss, .in = {to_d(x, MN * MI), to_d(w, MO * MI), to_d(b, MO)}, .n = {MN * MI, MO * MI, MO}};
+    op o = {.loss = mm_loss,
+            .in = {to_d(x, MN * MI), to_d(w, MO * MI), to_d(b, MO)},
+            .n = {MN * MI, MO * MI, MO}};
     memset(dw, 0, sizeof dw), memset(db, 0, sizeof db);
-    td_mm_bwd_args a = {.w = w, .x = x, .dy = dy, .dx = dx, .dw = dw, .db = db, .n_tok = MN, .n_out = MO, .n_in = MI};
+    td_mm_bwd_args a = {.w = w,
+                        .x = x,
+                        .dy = dy,
+                        .dx = dx,
+                        .dw = dw,
+                        .db = db,
+                        .n_tok = MN,
+                        .n_out = MO,
+                        .n_in = MI};
     RUN(td_ref_mm_bwd_x, &a, 1);
     RUN(td_ref_mm_bwd_w, &a, 1);
     check_fd("matmul dx", &o, 0, dx);
@@ -94,16 +109,25 @@ static void test_matmul(void) {
     RUN(td_ref_mm_bwd_x, &a3, 3);
     RUN(td_ref_mm_bwd_w, &a3, 3);
     int same = !memcmp(dw, dw3, sizeof dw) && !memcmp(db, db3, sizeof db), acc = 1;
-    for (int i = 0; i < MN * MI; i++) acc &= fabsf(dx3[i] - (pre[i] + dx[i])) <= 1e-6f * (1 + fabsf(dx3[i]));
+    for (int i = 0; i < MN * MI; i++)
+        acc &= fabsf(dx3[i] - (pre[i] + dx[i])) <= 1e-6f * (1 + fabsf(dx3[i]));
     CHECK(same, "matmul backward depends on the split");
     CHECK(acc, "matmul dx accumulate does not add");
     // Blocking: n_in large enough for several blocks of rows/tokens gives the unblocked sums.
     {
         enum { BN = 3, BO = 5, BI = 9000 };  // 16384 / 9000: one row per block
-        float *bx = malloc(sizeof(float) * BN * BI), *bw = malloc(sizeof(float) * BO * BI), bdy[BN * BO];
+        float *bx = malloc(sizeof(float) * BN * BI), *bw = malloc(sizeof(float) * BO * BI),
+              bdy[BN * BO];
         float *bdx = malloc(sizeof(float) * BN * BI), *bdw = calloc(BO * BI, sizeof(float));
         fill(bx, BN * BI, 1), fill(bw, BO * BI, 1), fill(bdy, BN * BO, 1);
-        td_mm_bwd_args ba = {.w = bw, .x = bx, .dy = bdy, .dx = bdx, .dw = bdw, .n_tok = BN, .n_out = BO, .n_in = BI};
+        td_mm_bwd_args ba = {.w = bw,
+                             .x = bx,
+                             .dy = bdy,
+                             .dx = bdx,
+                             .dw = bdw,
+                             .n_tok = BN,
+                             .n_out = BO,
+                             .n_in = BI};
         RUN(td_ref_mm_bwd_x, &ba, 2);
         RUN(td_ref_mm_bwd_w, &ba, 2);
         int ok = 1;
@@ -123,9 +147,11 @@ static void test_matmul(void) {
         free(bx), free(bw), free(bdx), free(bdw);
     }
     // bf16 rounding: nearest even, in place or not, specials unchanged.
-    CHECK(td_round_bf16(1.0f + 1.0f / 512) == 1.0f && td_round_bf16(1.0f + 3.0f / 512) == 1.0f + 1.0f / 128 &&
-              td_round_bf16(1.0f + 1.5f / 256) == 1.0f + 1.0f / 128 && td_round_bf16(-3.0f) == -3.0f &&
-              isinf(td_round_bf16(INFINITY)) && isnan(td_round_bf16(NAN)),
+    CHECK(td_round_bf16(1.0f + 1.0f / 512) == 1.0f &&
+              td_round_bf16(1.0f + 3.0f / 512) == 1.0f + 1.0f / 128 &&
+              td_round_bf16(1.0f + 1.5f / 256) == 1.0f + 1.0f / 128 &&
+              td_round_bf16(-3.0f) == -3.0f && isinf(td_round_bf16(INFINITY)) &&
+              isnan(td_round_bf16(NAN)),
           "bf16 rounding is not nearest-even");
     float rx[37], ry[37];
     fill(rx, 37, 100);
@@ -163,7 +189,15 @@ static void test_rmsnorm(void) {
     rn_r = r;
     op o = {.loss = rn_loss, .in = {to_d(x, RR * RNN), to_d(w, RNN)}, .n = {RR * RNN, RNN}};
     memset(dw, 0, sizeof dw);
-    td_rmsnorm_bwd_args a = {.x = x, .w = w, .dy = dy, .dx = dx, .dw = dw, .rstd = rstd, .n_rows = RR, .n = RNN, .eps = 1e-5f};
+    td_rmsnorm_bwd_args a = {.x = x,
+                             .w = w,
+                             .dy = dy,
+                             .dx = dx,
+                             .dw = dw,
+                             .rstd = rstd,
+                             .n_rows = RR,
+                             .n = RNN,
+                             .eps = 1e-5f};
     RUN(td_ref_rmsnorm_bwd_x, &a, 1);
     RUN(td_ref_rmsnorm_bwd_w, &a, 1);
     check_fd("rmsnorm dx", &o, 0, dx);
@@ -174,7 +208,8 @@ static void test_rmsnorm(void) {
     a3.dx = dx3, a3.dw = dw3;
     RUN(td_ref_rmsnorm_bwd_x, &a3, 3);
     RUN(td_ref_rmsnorm_bwd_w, &a3, 4);
-    CHECK(!memcmp(dx, dx3, sizeof dx) && !memcmp(dw, dw3, sizeof dw), "rmsnorm backward depends on the split");
+    CHECK(!memcmp(dx, dx3, sizeof dx) && !memcmp(dw, dw3, sizeof dw),
+          "rmsnorm backward depends on the split");
     free(r), free(o.in[0]), free(o.in[1]);
 }
 
@@ -193,7 +228,8 @@ static void att_fwd(const double *q, const double *k, const double *v, double *o
                 double s[AT], m = -1e300, l = 0;
                 for (int j = 0; j <= t; j++) {
                     s[j] = 0;
-                    for (int i = 0; i < AD; i++) s[j] += qq[i] * k[((b * AT + j) * AKV + kh) * AD + i];
+                    for (int i = 0; i < AD; i++)
+                        s[j] += qq[i] * k[((b * AT + j) * AKV + kh) * AD + i];
                     s[j] *= scale;
                     m = fmax(m, s[j]);
                 }
@@ -201,7 +237,8 @@ static void att_fwd(const double *q, const double *k, const double *v, double *o
                 double *oo = out + ((b * AT + t) * AH + h) * AD;
                 for (int i = 0; i < AD; i++) {
                     oo[i] = 0;
-                    for (int j = 0; j <= t; j++) oo[i] += exp(s[j] - m) / l * v[((b * AT + j) * AKV + kh) * AD + i];
+                    for (int j = 0; j <= t; j++)
+                        oo[i] += exp(s[j] - m) / l * v[((b * AT + j) * AKV + kh) * AD + i];
                 }
             }
 }
@@ -216,14 +253,26 @@ static double att_loss(op *o) {
 static void test_attention(void) {
     static float q[AQN], k[AKN], v[AKN], out[AQN], dout[AQN], dq[AQN], dk[AKN], dv[AKN];
     fill(q, AQN, 1.5), fill(k, AKN, 1.5), fill(v, AKN, 1), fill(dout, AQN, 1);
-    op o = {.loss = att_loss, .in = {to_d(q, AQN), to_d(k, AKN), to_d(v, AKN)}, .n = {AQN, AKN, AKN}};
+    op o = {
+        .loss = att_loss, .in = {to_d(q, AQN), to_d(k, AKN), to_d(v, AKN)}, .n = {AQN, AKN, AKN}};
     double outd[AQN];
     att_fwd(o.in[0], o.in[1], o.in[2], outd);
     for (int i = 0; i < AQN; i++) out[i] = (float)outd[i];
     double *r = to_d(dout, AQN);
     at_r = r;
-    td_attention_bwd_args a = {.q = q, .k = k, .v = v, .out = out, .dout = dout, .dq = dq, .dk = dk, .dv = dv,
-                               .n_seq = AS, .seq_len = AT, .n_heads = AH, .n_kv_heads = AKV, .head_dim = AD,
+    td_attention_bwd_args a = {.q = q,
+                               .k = k,
+                               .v = v,
+                               .out = out,
+                               .dout = dout,
+                               .dq = dq,
+                               .dk = dk,
+                               .dv = dv,
+                               .n_seq = AS,
+                               .seq_len = AT,
+                               .n_heads = AH,
+                               .n_kv_heads = AKV,
+                               .head_dim = AD,
                                .scale = 1.0f / sqrtf((float)AD)};
     RUN(td_ref_attention_bwd, &a, 1);
     check_fd("attention dq", &o, 0, dq);
@@ -238,7 +287,8 @@ static void test_attention(void) {
     free(r), free(o.in[0]), free(o.in[1]), free(o.in[2]);
 }
 
-// ------------------------------------------------------------------ RoPE (backward = forward at -pos)
+// ------------------------------------------------------------------ RoPE (backward = forward at
+// -pos)
 enum { PT = 4, PH = 3, PD = 10 };
 #define PN (PT * PH * PD)
 static const double *rp_r;
@@ -253,7 +303,8 @@ static double rope_loss(op *o) {
                 const double ang = (t + 3) * rp_inv[i], c = cos(ang), sn = sin(ang);
                 const int i0 = rp_neox ? i : 2 * i, i1 = rp_neox ? i + PD / 2 : 2 * i + 1;
                 const double x0 = x[(t * PH + h) * PD + i0], x1 = x[(t * PH + h) * PD + i1];
-                s += rp_r[(t * PH + h) * PD + i0] * (x0 * c - x1 * sn) + rp_r[(t * PH + h) * PD + i1] * (x1 * c + x0 * sn);
+                s += rp_r[(t * PH + h) * PD + i0] * (x0 * c - x1 * sn) +
+                     rp_r[(t * PH + h) * PD + i1] * (x1 * c + x0 * sn);
             }
     return s;
 }
@@ -268,7 +319,12 @@ static void test_rope(void) {
         double *r = to_d(dy, PN);
         rp_r = r;
         op o = {.loss = rope_loss, .in = {to_d(x, PN)}, .n = {PN}};
-        td_rope_args a = {.x = dy, .pos = neg, .inv_freq = rp_inv, .n_tok = PT, .n_heads = PH, .head_dim = PD,
+        td_rope_args a = {.x = dy,
+                          .pos = neg,
+                          .inv_freq = rp_inv,
+                          .n_tok = PT,
+                          .n_heads = PH,
+                          .head_dim = PD,
                           .neox = rp_neox};
         td_kernels_ref.rope(&a, 0, 1);  // dx = R(-pos) dy = R(pos)^T dy
         check_fd(rp_neox ? "rope backward (neox)" : "rope backward (adjacent pairs)", &o, 0, dy);
@@ -276,7 +332,8 @@ static void test_rope(void) {
     }
 }
 
-// ------------------------------------------------------------------ SwiGLU, embedding, cross-entropy
+// ------------------------------------------------------------------ SwiGLU, embedding,
+// cross-entropy
 enum { SN = 37 };
 static const double *sw_r;
 static double sw_loss(op *o) {
@@ -343,7 +400,13 @@ static void test_xent(void) {
     memcpy(z3, z, sizeof z);
     op o = {.loss = xent_loss, .in = {to_d(z, XN * XV)}, .n = {XN * XV}};
     double want = xent_loss(&o) / 0.25, got = 0;
-    td_xent_args a = {.logits = z, .targets = x_tgt, .loss = loss, .n_tok = XN, .vocab = XV, .dscale = 0.25f, .want_grad = 1};
+    td_xent_args a = {.logits = z,
+                      .targets = x_tgt,
+                      .loss = loss,
+                      .n_tok = XN,
+                      .vocab = XV,
+                      .dscale = 0.25f,
+                      .want_grad = 1};
     RUN(td_ref_xent, &a, 1);
     for (int t = 0; t < XN; t++) got += loss[t];
     CHECK_NEAR(got, want, 1e-5, "cross-entropy loss");

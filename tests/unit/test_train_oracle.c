@@ -1,10 +1,10 @@
-// The trainer against PyTorch (tests/reference/train_ref.py, float64 autograd and torch.optim.AdamW)
-// on small random models (MHA untied; GQA tied with llama3 RoPE scaling; Qwen3 q/k-norm with
-// head_dim != dim/heads; Qwen2 q/k/v bias, tied): logits, loss and every parameter's gradient;
-// per-step loss, gradient norm and the weights after 4 AdamW steps (accumulation 2, clipping,
-// warm-up + cosine). Also: the trainer's logits equal the inference forward's on the same weights;
-// recomputation and thread count change nothing (bit for bit); BF16 mode within bf16 tolerances.
-// Needs tests/oracle/gen/train.sh to have run.
+// The trainer against PyTorch (tests/reference/train_ref.py, float64 autograd and
+// torch.optim.AdamW) on small random models (MHA untied; GQA tied with llama3 RoPE scaling; Qwen3
+// q/k-norm with head_dim != dim/heads; Qwen2 q/k/v bias, tied): logits, loss and every parameter's
+// gradient; per-step loss, gradient norm and the weights after 4 AdamW steps (accumulation 2,
+// clipping, warm-up + cosine). Also: the trainer's logits equal the inference forward's on the same
+// weights; recomputation and thread count change nothing (bit for bit); BF16 mode within bf16
+// tolerances. Needs tests/oracle/gen/train.sh to have run.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +28,7 @@ static const char *CONFIGS[] = {"mha_untied", "gqa_tied", "qwen3_hd12", "qwen2_b
 #define LOGIT_ATOL 1e-5
 #define GRAD_RTOL 1e-4
 #define GRAD_ATOL 1e-5
-#define W_ATOL 2e-5   // weights after 4 AdamW steps (lr <= 3e-3): ~1% of one step's move
+#define W_ATOL 2e-5  // weights after 4 AdamW steps (lr <= 3e-3): ~1% of one step's move
 #define BF16_LOSS_RTOL 1e-2
 #define BF16_GRAD_REL 5e-2  // ||g - g_ref|| / ||g_ref|| per tensor
 
@@ -43,8 +43,8 @@ static const float *oget(td_st_file *o, const char *name, int64_t n) {
 }
 
 // Elementwise check with a per-tensor summary (one CHECK per tensor).
-static void check_close(const char *what, const char *name, const float *got, const float *want, int64_t n,
-                        double rtol, double atol) {
+static void check_close(const char *what, const char *name, const float *got, const float *want,
+                        int64_t n, double rtol, double atol) {
     double worst = 0, at_want = 0, at_got = 0;
     int64_t bad = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -52,13 +52,15 @@ static void check_close(const char *what, const char *name, const float *got, co
         if (!(d <= lim)) bad++;
         if (!(d / lim <= worst)) worst = d / lim, at_want = want[i], at_got = got[i];
     }
-    CHECK(bad == 0, "%s %s: %lld of %lld elements off (worst %.3g x tolerance: %.9g vs %.9g)", what, name,
-          (long long)bad, (long long)n, worst, at_got, at_want);
+    CHECK(bad == 0, "%s %s: %lld of %lld elements off (worst %.3g x tolerance: %.9g vs %.9g)", what,
+          name, (long long)bad, (long long)n, worst, at_got, at_want);
 }
 
 static double rel_l2(const float *got, const float *want, int64_t n) {
     double d = 0, w = 0;
-    for (int64_t i = 0; i < n; i++) d += ((double)got[i] - want[i]) * ((double)got[i] - want[i]), w += (double)want[i] * want[i];
+    for (int64_t i = 0; i < n; i++)
+        d += ((double)got[i] - want[i]) * ((double)got[i] - want[i]),
+            w += (double)want[i] * want[i];
     return sqrt(d / (w > 0 ? w : 1));
 }
 
@@ -113,18 +115,22 @@ static void run_config(const char *name) {
         return;
     }
     const int V = m->cfg.vocab_size;
-    const float *ftok = oget(o, "tokens", STEPS * ACCUM * N), *ftgt = oget(o, "targets", STEPS * ACCUM * N);
+    const float *ftok = oget(o, "tokens", STEPS * ACCUM * N),
+                *ftgt = oget(o, "targets", STEPS * ACCUM * N);
     const float *want_logits = oget(o, "logits", (int64_t)N * V), *want_loss = oget(o, "loss", 1);
     td_tmodel *tm = make_tm(m, 2, TD_TRAIN_FP32, 0);
     if (!ftok || !ftgt || !want_logits || !want_loss || !tm) goto done;
     int32_t tok[STEPS * ACCUM * N], tgt[STEPS * ACCUM * N];
-    for (int i = 0; i < STEPS * ACCUM * N; i++) tok[i] = (int32_t)ftok[i], tgt[i] = (int32_t)ftgt[i];
+    for (int i = 0; i < STEPS * ACCUM * N; i++)
+        tok[i] = (int32_t)ftok[i], tgt[i] = (int32_t)ftgt[i];
 
     // Logits and loss of micro-batch (0, 0), before backward overwrites the logits.
     double s = 0;
     int cnt = 0;
-    CHECK(td_tmodel_forward(tm, tok, tgt, &s, &cnt, &err) == TD_OK, "%s forward: %s", name, err.msg);
-    check_close(name, "logits", td_tmodel_logits(tm), want_logits, (int64_t)N * V, LOGIT_RTOL, LOGIT_ATOL);
+    CHECK(td_tmodel_forward(tm, tok, tgt, &s, &cnt, &err) == TD_OK, "%s forward: %s", name,
+          err.msg);
+    check_close(name, "logits", td_tmodel_logits(tm), want_logits, (int64_t)N * V, LOGIT_RTOL,
+                LOGIT_ATOL);
     CHECK_NEAR(s / cnt, want_loss[0], 1e-5 * want_loss[0], "loss");
 
     // The inference forward on the same weights: each sequence alone from position 0.
@@ -168,7 +174,8 @@ static void run_config(const char *name) {
             fwd_bwd(one, tok, tgt);
             same_grads("recompute", tm, rc);
             same_grads("1 thread", tm, one);
-            CHECK(td_tmodel_activation_bytes(rc) < td_tmodel_activation_bytes(tm) || m->cfg.n_layers == 1,
+            CHECK(td_tmodel_activation_bytes(rc) < td_tmodel_activation_bytes(tm) ||
+                      m->cfg.n_layers == 1,
                   "%s: recomputation saves no memory", name);
         }
         td_tmodel_free(rc);
@@ -180,8 +187,8 @@ static void run_config(const char *name) {
         td_tmodel *bf = make_tm(m, 2, TD_TRAIN_BF16, 0);
         if (bf) {
             double bl = fwd_bwd(bf, tok, tgt);
-            CHECK(fabs(bl - want_loss[0]) <= BF16_LOSS_RTOL * want_loss[0], "%s bf16 loss %g vs %g", name, bl,
-                  (double)want_loss[0]);
+            CHECK(fabs(bl - want_loss[0]) <= BF16_LOSS_RTOL * want_loss[0], "%s bf16 loss %g vs %g",
+                  name, bl, (double)want_loss[0]);
             double worst = 0;
             for (int i = 0; i < td_tmodel_n_tensors(bf); i++) {
                 const td_tparam *t = td_tmodel_tensor(bf, i);
@@ -203,15 +210,17 @@ static void run_config(const char *name) {
         td_trainer_params tp = td_trainer_default_params();
         tp.grad_accum = ACCUM;
         tp.grad_clip = CLIP;
-        tp.lr = (td_lr_schedule){.max_lr = MAX_LR, .min_lr = MIN_LR, .warmup_steps = WARMUP, .total_steps = TOTAL};
+        tp.lr = (td_lr_schedule){
+            .max_lr = MAX_LR, .min_lr = MIN_LR, .warmup_steps = WARMUP, .total_steps = TOTAL};
         tp.adam = (td_adamw_params){.beta1 = 0.9f, .beta2 = 0.95f, .eps = EPS, .weight_decay = WD};
         td_trainer *tr = NULL;
         CHECK(td_trainer_create(tm, &tp, &tr, &err) == TD_OK, "trainer: %s", err.msg);
         const float *sl = oget(o, "step_loss", STEPS), *sn = oget(o, "step_norm", STEPS);
         for (int st = 0; tr && sl && sn && st < STEPS; st++) {
             td_step_stats ss;
-            CHECK(td_trainer_step(tr, tok + st * ACCUM * N, tgt + st * ACCUM * N, &ss, &err) == TD_OK, "step: %s",
-                  err.msg);
+            CHECK(
+                td_trainer_step(tr, tok + st * ACCUM * N, tgt + st * ACCUM * N, &ss, &err) == TD_OK,
+                "step: %s", err.msg);
             CHECK_NEAR(ss.loss, sl[st], 2e-5 * sl[st], "step loss");
             CHECK_NEAR(ss.grad_norm, sn[st], 1e-4 * sn[st], "step grad norm");
         }
@@ -222,7 +231,8 @@ static void run_config(const char *name) {
             const float *want = oget(o, path, t->rows * t->cols);
             if (!want) continue;
             check_close(name, path, t->data, want, t->rows * t->cols, 0, W_ATOL);
-            for (int64_t j = 0; j < t->rows * t->cols; j++) worst = fmax(worst, fabs(t->data[j] - want[j]));
+            for (int64_t j = 0; j < t->rows * t->cols; j++)
+                worst = fmax(worst, fabs(t->data[j] - want[j]));
         }
         printf("%s: weights after %d steps: max |diff| %g\n", name, STEPS, worst);
         td_trainer_free(tr);

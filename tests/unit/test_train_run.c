@@ -19,7 +19,8 @@ static td_train_run_params tiny(const char *const *shards, int n) {
     p.cfg.dim = 32, p.cfg.n_layers = 2, p.cfg.n_heads = 4, p.cfg.n_kv_heads = 2, p.cfg.head_dim = 8;
     p.cfg.ffn_dim = 64;
     p.model.batch = 2, p.model.seq_len = 16, p.model.n_threads = 2;
-    p.trainer.lr = (td_lr_schedule){.max_lr = 1e-2f, .min_lr = 1e-3f, .warmup_steps = 3, .total_steps = 40};
+    p.trainer.lr =
+        (td_lr_schedule){.max_lr = 1e-2f, .min_lr = 1e-3f, .warmup_steps = 3, .total_steps = 40};
     p.steps = 40;
     p.init_std = 0.1f;
     return p;
@@ -58,7 +59,8 @@ int main(void) {
     td_train_run_result r;
     CHECK(td_train_run(&p, &r, &err) == TD_OK, "run: %s", err.msg);
     printf("fp32: loss %.4f -> %.4f in %ld steps\n", r.first_loss, r.last_loss, r.steps_done);
-    CHECK(r.steps_done == 40 && r.first_loss > 3.0 && r.last_loss < 1.0, "loss %g -> %g", r.first_loss, r.last_loss);
+    CHECK(r.steps_done == 40 && r.first_loss > 3.0 && r.last_loss < 1.0, "loss %g -> %g",
+          r.first_loss, r.last_loss);
 
     // bf16, recomputation, accumulation 2.
     p = tiny(shards, 1);
@@ -76,8 +78,10 @@ int main(void) {
     p.out_dir = db, p.steps = 6;
     CHECK(td_train_run(&p, &r, &err) == TD_OK && r.steps_done == 6, "run b1: %s", err.msg);
     p.steps = 12, p.resume = 1;
-    CHECK(td_train_run(&p, &r, &err) == TD_OK && r.steps_done == 6 && r.last_step == 11, "run b2: %s", err.msg);
-    snprintf(fa, sizeof fa, "%s/ckpt-000012.tdck", da), snprintf(fb, sizeof fb, "%s/ckpt-000012.tdck", db);
+    CHECK(td_train_run(&p, &r, &err) == TD_OK && r.steps_done == 6 && r.last_step == 11,
+          "run b2: %s", err.msg);
+    snprintf(fa, sizeof fa, "%s/ckpt-000012.tdck", da),
+        snprintf(fb, sizeof fb, "%s/ckpt-000012.tdck", db);
     CHECK(same_tensors(fa, fb), "resumed run differs from the uninterrupted one");
     snprintf(fa, sizeof fa, "%s/ckpt-000006.tdck", da);
     CHECK(!same_tensors(fa, fb), "checkpoints of different steps are equal");

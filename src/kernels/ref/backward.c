@@ -1,5 +1,6 @@
-// Reference training kernels (kernels/backward.h): bf16 rounding, and the backward of matmul, RMSNorm, causal GQA attention, SwiGLU, embedding rows; cross-entropy with its gradient.
-// Plain loops split by (ith, nth) so that no two slices write the same element; no allocation.
+// Reference training kernels (kernels/backward.h): bf16 rounding, and the backward of matmul,
+// RMSNorm, causal GQA attention, SwiGLU, embedding rows; cross-entropy with its gradient. Plain
+// loops split by (ith, nth) so that no two slices write the same element; no allocation.
 #include "kernels/backward.h"
 
 #include <math.h>
@@ -24,12 +25,15 @@ static inline void axpy(float *restrict y, float c, const float *restrict x, int
 
 // y[n] = (((y + c0 x0) + c1 x1) + c2 x2) + c3 x3: four axpys in one pass over y (a quarter of the
 // loads and stores of y), summed in the same order as four axpys one after the other.
-static inline void axpy4(float *restrict y, const float c[4], const float *restrict x0, const float *restrict x1,
-                         const float *restrict x2, const float *restrict x3, int n) {
+static inline void axpy4(float *restrict y, const float c[4], const float *restrict x0,
+                         const float *restrict x1, const float *restrict x2,
+                         const float *restrict x3, int n) {
     const float c0 = c[0], c1 = c[1], c2 = c[2], c3 = c[3];
     int i = 0;
     for (; i + 16 <= n; i += 16)
-        for (int k = 0; k < 16; k++) y[i + k] = (((y[i + k] + c0 * x0[i + k]) + c1 * x1[i + k]) + c2 * x2[i + k]) + c3 * x3[i + k];
+        for (int k = 0; k < 16; k++)
+            y[i + k] =
+                (((y[i + k] + c0 * x0[i + k]) + c1 * x1[i + k]) + c2 * x2[i + k]) + c3 * x3[i + k];
     for (; i < n; i++) y[i] = (((y[i] + c0 * x0[i]) + c1 * x1[i]) + c2 * x2[i]) + c3 * x3[i];
 }
 
@@ -42,7 +46,8 @@ void td_ref_mm_bwd_x(const td_mm_bwd_args *a, int ith, int nth) {
     long lo, hi;
     td_split(a->n_tok, ith, nth, &lo, &hi);
     if (!a->accumulate)
-        for (long t = lo; t < hi; t++) memset(a->dx + (size_t)t * a->n_in, 0, sizeof(float) * (size_t)a->n_in);
+        for (long t = lo; t < hi; t++)
+            memset(a->dx + (size_t)t * a->n_in, 0, sizeof(float) * (size_t)a->n_in);
     const int ob = a->n_in >= BLOCK_FLOATS ? 1 : BLOCK_FLOATS / a->n_in;
     for (int o0 = 0; o0 < a->n_out; o0 += ob) {
         const int o1 = o0 + ob < a->n_out ? o0 + ob : a->n_out;
@@ -53,7 +58,8 @@ void td_ref_mm_bwd_x(const td_mm_bwd_args *a, int ith, int nth) {
             const size_t ni = (size_t)a->n_in;
             int o = o0;
             for (; o + 4 <= o1; o += 4)
-                axpy4(dx, dy + o, w + o * ni, w + (o + 1) * ni, w + (o + 2) * ni, w + (o + 3) * ni, a->n_in);
+                axpy4(dx, dy + o, w + o * ni, w + (o + 1) * ni, w + (o + 2) * ni, w + (o + 3) * ni,
+                      a->n_in);
             for (; o < o1; o++) axpy(dx, dy[o], w + o * ni, a->n_in);
         }
     }
@@ -81,8 +87,10 @@ void td_ref_mm_bwd_w(const td_mm_bwd_args *a, int ith, int nth) {
             const size_t ni = (size_t)a->n_in, no = (size_t)a->n_out;
             int t = t0;
             for (; t + 4 <= t1; t += 4) {
-                const float g[4] = {dy[t * no], dy[(t + 1) * no], dy[(t + 2) * no], dy[(t + 3) * no]};
-                axpy4(dw, g, x + t * ni, x + (t + 1) * ni, x + (t + 2) * ni, x + (t + 3) * ni, a->n_in);
+                const float g[4] = {dy[t * no], dy[(t + 1) * no], dy[(t + 2) * no],
+                                    dy[(t + 3) * no]};
+                axpy4(dw, g, x + t * ni, x + (t + 1) * ni, x + (t + 2) * ni, x + (t + 3) * ni,
+                      a->n_in);
             }
             for (; t < t1; t++) axpy(dw, dy[t * no], x + t * ni, a->n_in);
         }
@@ -146,7 +154,8 @@ void td_ref_attention_bwd(const td_attention_bwd_args *a, int ith, int nth) {
                     if (s > m) m = s;
                 }
                 double l = 0.0;
-                for (int j = 0; j <= t; j++) l += exp((double)(td_ref_dot(q, KV(a->k, j), hd) * a->scale - m));
+                for (int j = 0; j <= t; j++)
+                    l += exp((double)(td_ref_dot(q, KV(a->k, j), hd) * a->scale - m));
                 const float il = (float)(1.0 / l);
                 const float D = td_ref_dot(dout, QH(a->out, t, h), hd);
                 for (int j = 0; j <= t; j++) {
