@@ -8,6 +8,16 @@
 
 #include "kernels/ref/ref.h"
 
+// The heavy loops are compiled for AVX-512 and AVX2 besides the baseline and chosen at load time
+// (GCC/clang function multiversioning), so a default build still gets wide vectors. Sums keep
+// their order; only FMA contraction may differ between the versions.
+#if defined(__x86_64__) && !defined(TANDEM_NO_CLONES) && \
+    (!defined(__clang__) || __clang_major__ >= 14)
+#define TD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TD_CLONES
+#endif
+
 void td_ref_round_bf16(const td_round_bf16_args *a, int ith, int nth) {
     long lo, hi;
     td_split((long)a->n, ith, nth, &lo, &hi);
@@ -41,7 +51,7 @@ static inline void axpy4(float *restrict y, const float c[4], const float *restr
 
 // Blocked over output rows so a block of W stays in cache while every token of the slice uses it;
 // each dx[t] still sums over o in ascending order (the result does not depend on the blocking).
-void td_ref_mm_bwd_x(const td_mm_bwd_args *a, int ith, int nth) {
+TD_CLONES void td_ref_mm_bwd_x(const td_mm_bwd_args *a, int ith, int nth) {
     if (!a->dx) return;
     long lo, hi;
     td_split(a->n_tok, ith, nth, &lo, &hi);
@@ -67,7 +77,7 @@ void td_ref_mm_bwd_x(const td_mm_bwd_args *a, int ith, int nth) {
 
 // Blocked over tokens so a block of x stays in cache while every output row of the slice uses it;
 // each dw[o] still sums over t in ascending order.
-void td_ref_mm_bwd_w(const td_mm_bwd_args *a, int ith, int nth) {
+TD_CLONES void td_ref_mm_bwd_w(const td_mm_bwd_args *a, int ith, int nth) {
     if (!a->dw && !a->db) return;
     long lo, hi;
     td_split(a->n_out, ith, nth, &lo, &hi);
@@ -129,7 +139,7 @@ void td_ref_rmsnorm_bwd_w(const td_rmsnorm_bwd_args *a, int ith, int nth) {
     }
 }
 
-void td_ref_attention_bwd(const td_attention_bwd_args *a, int ith, int nth) {
+TD_CLONES void td_ref_attention_bwd(const td_attention_bwd_args *a, int ith, int nth) {
     const int hd = a->head_dim, nh = a->n_heads, nkv = a->n_kv_heads, T = a->seq_len;
     const int group = nh / nkv;
     long lo, hi;
