@@ -35,7 +35,13 @@ static void usage(FILE *f) {
 int td_cmd_train(int argc, char **argv) {
     td_train_run_params p = td_train_run_default_params();
     const char **shards = calloc((size_t)argc + 1, sizeof *shards);
-    if (!shards) return 1;
+    const char **vals = calloc((size_t)argc + 1, sizeof *vals);
+    if (!shards || !vals) {
+        free(shards);
+        free(vals);
+        return 1;
+    }
+    int n_val = 0;
     int n = 0, kv = 0, hd = 0, ffn = 0, warm = -1;
     double min_lr = -1;
     int ok = 1;
@@ -58,6 +64,7 @@ int td_cmd_train(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             free(shards);
+            free(vals);
             return 0;
         }
         INT("--dim", 2, 1 << 16, p.cfg.dim)
@@ -83,12 +90,23 @@ int td_cmd_train(int argc, char **argv) {
         FLT("--eps", 0, 1, p.trainer.adam.eps)
         INT("--ckpt-every", 0, 1L << 40, p.ckpt_every)
         INT("--keep", 0, 1 << 20, p.keep)
+        INT("--eval-every", 0, 1L << 40, p.eval_every)
+        INT("--eval-batches", 1, 1 << 20, p.eval_batches)
         INT("--seed", 0, 1L << 62, p.seed)
         INT("--threads", 0, 4096, p.model.n_threads)
         else if (!strcmp(a, "--untied")) p.cfg.tie_embeddings = false;
         else if (!strcmp(a, "--bf16")) p.model.precision = TD_TRAIN_BF16;
         else if (!strcmp(a, "--recompute")) p.model.recompute = 1;
         else if (!strcmp(a, "--resume")) p.resume = 1;
+        else if (!strcmp(a, "--val")) {
+            if (!v || !*v) {
+                fprintf(stderr, "tandem: --val needs a value\n");
+                ok = 0;
+            } else {
+                vals[n_val++] = v;
+            }
+            i++;
+        }
         else if (!strcmp(a, "--model") || !strcmp(a, "--out")) {
             if (!v || !*v) {
                 fprintf(stderr, "tandem: %s needs a value\n", a);
@@ -117,6 +135,7 @@ int td_cmd_train(int argc, char **argv) {
     if (!ok) {
         usage(stderr);
         free(shards);
+        free(vals);
         return 2;
     }
     p.cfg.n_kv_heads = kv ? kv : p.cfg.n_heads;
@@ -130,8 +149,11 @@ int td_cmd_train(int argc, char **argv) {
     p.log = stdout;
     td_err err = {0};
     td_train_run_result r;
+    p.val_shards = n_val ? vals : NULL;
+    p.n_val_shards = n_val;
     td_status st = td_train_run(&p, &r, &err);
     free(shards);
+    free(vals);
     if (st) {
         fprintf(stderr, "tandem train: %s\n", err.msg);
         return 1;

@@ -36,6 +36,7 @@ td_train_run_params td_train_run_default_params(void) {
     p.seed = 1;
     p.init_std = 0.02f;
     p.keep = 3;
+    p.eval_batches = 8;
     return p;
 }
 
@@ -75,12 +76,20 @@ static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *t
                                   .shape = {(int64_t)n},
                                   .data = td_adamw_v(o),
                                   .nbytes = n * sizeof(float)};
-    char pos[160], meta[400];
+    char pos[160], meta[1200];
     td_loader_pos lp = td_loader_tell(ld);
     td_loader_pos_format(&lp, pos, sizeof pos);
     const long steps = td_trainer_step_count(tr);
-    snprintf(meta, sizeof meta, "{\"step\":%ld,\"loader\":%s,\"seed\":\"%016" PRIx64 "\"}", steps,
-             pos, p->seed);
+    const td_model_config *c = td_tmodel_config(tm);
+    snprintf(meta, sizeof meta,
+             "{\"step\":%ld,\"loader\":%s,\"seed\":\"%016" PRIx64
+             "\",\"config\":{\"model_type\":\"%s\",\"vocab_size\":%d,\"hidden_size\":%d,"
+             "\"num_hidden_layers\":%d,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,"
+             "\"head_dim\":%d,\"intermediate_size\":%d,\"rms_norm_eps\":%g,\"rope_theta\":%g,"
+             "\"tie_word_embeddings\":%s,\"max_position_embeddings\":%d}}",
+             steps, pos, p->seed, td_arch_name(c->arch), c->vocab_size, c->dim, c->n_layers,
+             c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, (double)c->norm_eps,
+             (double)c->rope_theta, c->tie_embeddings ? "true" : "false", c->max_pos);
     char path[1024];
     td_status st =
         td_ckpt_dir_save(p->out_dir, steps, ts, nt + 2, meta, p->keep, path, sizeof path, err);
@@ -156,8 +165,33 @@ done:
     return st;
 }
 
+// Mean loss over the first eval_batches windows of the validation loader (rewound to start).
+static td_status evaluate(const td_train_run_params *p, td_tmodel *tm, td_loader *vl,
+                          const td_loader_pos *start, int32_t *win, int32_t *tok, int32_t *tgt,
+                          double *mean, td_err *err) {
+    const int B = p->model.batch, T = p->model.seq_len;
+    td_status st = td_loader_seek(vl, start, err);
+    double sum = 0.0;
+    long cnt = 0;
+    for (int k = 0; st == TD_OK && k < p->eval_batches; k++) {
+        td_loader_next(vl, win);
+        for (int b = 0; b < B; b++) {
+            memcpy(tok + (size_t)b * T, win + (size_t)b * (T + 1), (size_t)T * sizeof *tok);
+            memcpy(tgt + (size_t)b * T, win + (size_t)b * (T + 1) + 1, (size_t)T * sizeof *tgt);
+        }
+        double s = 0.0;
+        int n = 0;
+        st = td_tmodel_forward(tm, tok, tgt, &s, &n, err);
+        sum += s;
+        cnt += n;
+    }
+    *mean = cnt ? sum / (double)cnt : NAN;
+    return st;
+}
+
 td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, td_err *err) {
     td_train_run_result res = {0};
+    res.val_loss = NAN;
     if (!p || !p->shards || p->n_shards <= 0)
         return td_err_set(err, TD_ERR_INVALID, "train: no shards");
     if ((p->resume || p->ckpt_every > 0) && !p->out_dir)
@@ -169,13 +203,25 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
 
     td_loader_params lp = td_loader_default_params();
     lp.paths = p->shards, lp.n_paths = p->n_shards, lp.B = B, lp.T = T, lp.seed = p->seed;
-    td_loader *ld = NULL;
+    td_loader *ld = NULL, *vl = NULL;
+    td_loader_pos vstart = {0};
     td_model *m = NULL;
     td_tmodel *tm = NULL;
     td_trainer *tr = NULL;
     int32_t *win = NULL, *tok = NULL, *tgt = NULL;
     td_status st = td_loader_open(&lp, &ld, err);
     if (st) return st;
+    if (p->val_shards && p->n_val_shards > 0 && p->eval_batches > 0) {
+        td_loader_params vp = lp;
+        vp.paths = p->val_shards;
+        vp.n_paths = p->n_val_shards;
+        vp.shuffle = false;
+        if ((st = td_loader_open(&vp, &vl, err))) {
+            td_err_prefix(err, "validation shards: ");
+            goto done;
+        }
+        vstart = td_loader_tell(vl);
+    }
 
     td_model_config cfg = p->cfg;
     if (p->model_dir) {
@@ -185,6 +231,12 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         cfg.vocab_size = td_loader_vocab(ld);
     }
     if (cfg.max_pos < T) cfg.max_pos = T;
+    if (vl && td_loader_vocab(vl) > cfg.vocab_size) {
+        st = td_err_set(err, TD_ERR_INVALID,
+                        "train: the validation shards' vocabulary (%d) exceeds the model's (%d)",
+                        td_loader_vocab(vl), cfg.vocab_size);
+        goto done;
+    }
     if (td_loader_vocab(ld) > cfg.vocab_size) {
         st = td_err_set(err, TD_ERR_INVALID,
                         "train: the shards' vocabulary (%d) exceeds the model's (%d)",
@@ -246,6 +298,10 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
             goto done;
         }
         const int last = s + 1 == p->steps;
+        if (vl && ((p->eval_every > 0 && (s + 1) % p->eval_every == 0) || last)) {
+            if ((st = evaluate(p, tm, vl, &vstart, win, tok, tgt, &res.val_loss, err))) goto done;
+            if (p->log) fprintf(p->log, "val %ld | loss %.4f\n", ss.step + 1, res.val_loss);
+        }
         if (p->out_dir && ((p->ckpt_every > 0 && (s + 1) % p->ckpt_every == 0) || last) &&
             (st = save(p, tm, tr, ld, err)))
             goto done;
@@ -258,6 +314,7 @@ done:
     td_tmodel_free(tm);
     td_model_free(m);
     td_loader_close(ld);
+    td_loader_close(vl);
     if (out) *out = res;
     return st;
 }

@@ -29,6 +29,10 @@ typedef struct td_train_run_params {
     int keep;             // checkpoints kept (<= 0: all)
     int resume;           // continue from the newest checkpoint in out_dir if there is one
     FILE *log;            // progress lines (NULL: none)
+    const char *const *val_shards;  // validation shards (NULL: no evaluation)
+    int n_val_shards;
+    long eval_every;   // steps between evaluations (and one at the end); <= 0: only the end
+    int eval_batches;  // batches of B x T per evaluation, from the start of the val shards (8)
 } td_train_run_params;
 
 // Defaults: a small llama (dim 128, 4 layers, 4 heads, ffn 384, tied), batch 4 x 128, accumulation
@@ -40,12 +44,15 @@ typedef struct td_train_run_result {
     long last_step;     // index of the last step (total steps so far - 1)
     double first_loss;  // loss of this call's first step
     double last_loss;   // loss of the last step
+    double val_loss;    // mean loss of the last evaluation (NAN if none)
 } td_train_run_result;
 
-// Runs the loop. Progress: "step S/N | loss L | lr R | norm G | T tok/s". A checkpoint holds every
-// parameter by HF name ("param.<name>", f32), the AdamW moments ("adam.m", "adam.v", flat) and
-// metadata {"step", "loader", "seed"}; resuming restores them and the data position, so a run
-// cut at a checkpoint and resumed equals the uninterrupted run bit for bit. out may be NULL.
+// Runs the loop. Progress: "step S/N | loss L | lr R | norm G | T tok/s", and "val S | loss L"
+// after evaluations (the same first eval_batches windows every time, in order, no shuffling).
+// A checkpoint holds every parameter by HF name ("param.<name>", f32), the AdamW moments
+// ("adam.m", "adam.v", flat) and metadata {"step", "loader", "seed", "config": {HF config.json
+// keys}}; resuming restores them and the data position, so a run cut at a checkpoint and resumed
+// equals the uninterrupted run bit for bit. out may be NULL.
 td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, td_err *err);
 
 // The final (or any) weights of a run's trainable model, for tests and export: opens a

@@ -1,6 +1,7 @@
-// The training loop on tiny token shards: the loss falls on a learnable (periodic) stream; a run
-// cut at a checkpoint and resumed ends with the same weights and optimizer state, bit for bit, as
-// the uninterrupted run; bf16 + recomputation + accumulation also learn; bad inputs are errors.
+// The training loop on tiny token shards: the training and validation losses fall on a learnable
+// (periodic) stream; checkpoints carry the config; a run cut at a checkpoint and resumed ends with
+// the same weights and optimizer state, bit for bit, as the uninterrupted run; bf16 +
+// recomputation + accumulation also learn; bad inputs are errors.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,13 +55,22 @@ int main(void) {
     CHECK(td_shard_write(shard, 29, ids, NTOK, 1, &err) == TD_OK, "shard: %s", err.msg);
     const char *shards[] = {shard};
 
-    // Learns.
+    // A validation shard of the same stream, shifted.
+    char val[300];
+    snprintf(val, sizeof val, "%s/v0.tdsh", dir);
+    CHECK(td_shard_write(val, 29, ids + 3, 1000, 1, &err) == TD_OK, "val shard: %s", err.msg);
+    const char *vals[] = {val};
+
+    // Learns; the validation loss falls too.
     td_train_run_params p = tiny(shards, 1);
+    p.val_shards = vals, p.n_val_shards = 1, p.eval_every = 20, p.eval_batches = 4;
     td_train_run_result r;
     CHECK(td_train_run(&p, &r, &err) == TD_OK, "run: %s", err.msg);
-    printf("fp32: loss %.4f -> %.4f in %ld steps\n", r.first_loss, r.last_loss, r.steps_done);
+    printf("fp32: loss %.4f -> %.4f in %ld steps, val %.4f\n", r.first_loss, r.last_loss,
+           r.steps_done, r.val_loss);
     CHECK(r.steps_done == 40 && r.first_loss > 3.0 && r.last_loss < 1.0, "loss %g -> %g",
           r.first_loss, r.last_loss);
+    CHECK(r.val_loss < 1.0, "val loss %g", r.val_loss);
 
     // bf16, recomputation, accumulation 2.
     p = tiny(shards, 1);
@@ -83,6 +93,12 @@ int main(void) {
     snprintf(fa, sizeof fa, "%s/ckpt-000012.tdck", da),
         snprintf(fb, sizeof fb, "%s/ckpt-000012.tdck", db);
     CHECK(same_tensors(fa, fb), "resumed run differs from the uninterrupted one");
+    td_ckpt *ck = NULL;
+    CHECK(td_ckpt_open(fb, &ck, &err) == TD_OK && strstr(td_ckpt_meta(ck), "\"step\":12,") &&
+              strstr(td_ckpt_meta(ck), "\"hidden_size\":32,") &&
+              strstr(td_ckpt_meta(ck), "\"num_key_value_heads\":2,"),
+          "checkpoint metadata: %s", ck ? td_ckpt_meta(ck) : err.msg);
+    td_ckpt_close(ck);
     snprintf(fa, sizeof fa, "%s/ckpt-000006.tdck", da);
     CHECK(!same_tensors(fa, fb), "checkpoints of different steps are equal");
 
