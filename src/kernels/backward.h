@@ -70,9 +70,10 @@ void td_ref_rmsnorm_bwd_w(const td_rmsnorm_bwd_args *a, int ith, int nth);
 // Backward of causal attention over n_seq sequences of seq_len tokens each (token t of sequence b
 // is row b*seq_len + t and attends to rows b*seq_len + [0, t]):
 //   out[t,h] = sum_j p_j v[j, h/g], p = softmax_j(q[t,h] . k[j, h/g] * scale).
-// The softmax is recomputed from q and k (nothing but `out` is saved by the forward);
-// ds_j = p_j (dout . v_j - dout . out). dq, dk, dv are overwritten. Split over (sequence, kv head):
-// a slice owns its kv head's dk/dv rows and the dq rows of the query heads that read them.
+// The softmax is recomputed from q and k (nothing but `out` is saved by the forward), once per
+// (query, head) into the slice's scratch row; ds_j = p_j (dout . v_j - dout . out). dq, dk, dv are
+// overwritten. Split over (sequence, kv head): a slice owns its kv head's dk/dv rows and the dq
+// rows of the query heads that read them.
 typedef struct td_attention_bwd_args {
     const float *q;     // [n_seq*seq_len, n_heads, head_dim] (post-RoPE)
     const float *k;     // [n_seq*seq_len, n_kv_heads, head_dim] (post-RoPE)
@@ -81,6 +82,7 @@ typedef struct td_attention_bwd_args {
     const float *dout;  // [n_seq*seq_len, n_heads, head_dim]
     float *dq;          // [n_seq*seq_len, n_heads, head_dim]
     float *dk, *dv;     // [n_seq*seq_len, n_kv_heads, head_dim]
+    float *scratch;     // [nth, seq_len]: slice ith uses row ith (caller sizes it for its pool)
     int n_seq, seq_len, n_heads, n_kv_heads, head_dim;
     float scale;
 } td_attention_bwd_args;

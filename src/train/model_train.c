@@ -39,6 +39,7 @@ struct td_tmodel {
     td_model_config c;
     td_tmodel_params p;
     int N, D, qd, kvd, F, V, L;
+    int n_threads;  // of the pool
     const td_kernels *k;
     td_pool *pool;
     double inv_freq[TD_ATTN_MAX_HEAD_DIM / 2];
@@ -49,20 +50,21 @@ struct td_tmodel {
     float *params, *grads;  // [n_params] each
     model_views pw, gw;     // parameter and gradient views
 
-    float *acts;        // the one activation allocation
-    float **res;        // [L + 1] -> [N, D] residual stream at each layer input (res[L]: final)
-    layer_acts *la;     // [L] (or [1] with recompute)
-    float *xnf;         // [N, D] final RMSNorm output
-    float *logits;      // [N, V]
-    float *losses;      // [N]
-    float *dres, *dxn;  // [N, D]
-    float *dh, *dup;    // [N, F]
-    float *datt, *dq;   // [N, qd]
-    float *dk, *dv;     // [N, kvd]
-    float *dkn;         // [N, kvd] d(k before qk-norm) (only with qk_norm)
-    float *rstd;        // [N * max(nh, 1)]
-    float *xr, *dyr;    // BF16 only: [N, max(D, F, qd)] matmul operands rounded to bf16
-    float *wbf;         // BF16 only: [n_params] the parameters rounded to bf16, per forward
+    float *acts;         // the one activation allocation
+    float **res;         // [L + 1] -> [N, D] residual stream at each layer input (res[L]: final)
+    layer_acts *la;      // [L] (or [1] with recompute)
+    float *xnf;          // [N, D] final RMSNorm output
+    float *logits;       // [N, V]
+    float *losses;       // [N]
+    float *dres, *dxn;   // [N, D]
+    float *dh, *dup;     // [N, F]
+    float *datt, *dq;    // [N, qd]
+    float *dk, *dv;      // [N, kvd]
+    float *dkn;          // [N, kvd] d(k before qk-norm) (only with qk_norm)
+    float *rstd;         // [N * max(nh, 1)]
+    float *att_scratch;  // [pool threads, T] attention backward: one softmax row per thread
+    float *xr, *dyr;     // BF16 only: [N, max(D, F, qd)] matmul operands rounded to bf16
+    float *wbf;          // BF16 only: [n_params] the parameters rounded to bf16, per forward
     int32_t *tokens, *targets, *pos, *negpos, *seq_id;  // [N]
     int32_t *blk_ids;                                   // [B]
     const int32_t **blk_tab;                            // [B]
@@ -351,6 +353,7 @@ static size_t carve_acts(td_tmodel *tm, float *base) {
     TAKE(tm->dv, N * kvd);
     if (tm->c.qk_norm) TAKE(tm->dkn, N * kvd);
     TAKE(tm->rstd, N * (size_t)nh);
+    TAKE(tm->att_scratch, (size_t)tm->n_threads * tm->p.seq_len);
     if (tm->p.precision == TD_TRAIN_BF16) {
         size_t wmax = D > F ? D : F;
         wmax = wmax > qd ? wmax : qd;
@@ -418,7 +421,9 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     if (!tm->k) tm->k = &td_kernels_ref;
     rope_init(tm);
 
-    // Count, allocate once, carve.
+    // Count, allocate once, carve (the pool first: its size sizes per-thread scratch).
+    tm->pool = td_pool_create(p.n_threads);
+    tm->n_threads = tm->pool ? td_pool_size(tm->pool) : 1;
     sizer s = {.tm = tm};
     layout(&s);
     tm->n_tensors = s.n;
@@ -438,7 +443,6 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     tm->tokens = malloc(5 * N * sizeof(int32_t));
     tm->blk_ids = malloc((size_t)p.batch * sizeof *tm->blk_ids);
     tm->blk_tab = malloc((size_t)p.batch * sizeof *tm->blk_tab);
-    tm->pool = td_pool_create(p.n_threads);
     if (!tm->tensors || !tm->pw.l || !tm->gw.l || !tm->res || !tm->la || !tm->params ||
         !tm->grads || (p.precision == TD_TRAIN_BF16 && !tm->wbf) || !tm->acts || !tm->tokens ||
         !tm->blk_ids || !tm->blk_tab || !tm->pool) {
@@ -754,6 +758,7 @@ static void layer_backward(td_tmodel *tm, int l, const layer_acts *a) {
                                 .dq = tm->dq,
                                 .dk = tm->dk,
                                 .dv = tm->dv,
+                                .scratch = tm->att_scratch,
                                 .n_seq = tm->p.batch,
                                 .seq_len = tm->p.seq_len,
                                 .n_heads = c->n_heads,

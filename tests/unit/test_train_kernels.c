@@ -257,6 +257,7 @@ static double att_loss(op *o) {
 
 static void test_attention(void) {
     static float q[AQN], k[AKN], v[AKN], out[AQN], dout[AQN], dq[AQN], dk[AKN], dv[AKN];
+    static float scratch[3 * AT];
     fill(q, AQN, 1.5), fill(k, AKN, 1.5), fill(v, AKN, 1), fill(dout, AQN, 1);
     op o = {
         .loss = att_loss, .in = {to_d(q, AQN), to_d(k, AKN), to_d(v, AKN)}, .n = {AQN, AKN, AKN}};
@@ -270,6 +271,7 @@ static void test_attention(void) {
                                .v = v,
                                .out = out,
                                .dout = dout,
+                               .scratch = scratch,
                                .dq = dq,
                                .dk = dk,
                                .dv = dv,

@@ -142,6 +142,7 @@ void td_ref_rmsnorm_bwd_w(const td_rmsnorm_bwd_args *a, int ith, int nth) {
 TD_CLONES void td_ref_attention_bwd(const td_attention_bwd_args *a, int ith, int nth) {
     const int hd = a->head_dim, nh = a->n_heads, nkv = a->n_kv_heads, T = a->seq_len;
     const int group = nh / nkv;
+    float *pr = a->scratch + (size_t)ith * T;  // [T] scores, then probabilities
     long lo, hi;
     td_split((long)a->n_seq * nkv, ith, nth, &lo, &hi);
     for (long w = lo; w < hi; w++) {
@@ -158,19 +159,19 @@ TD_CLONES void td_ref_attention_bwd(const td_attention_bwd_args *a, int ith, int
                 const float *q = QH(a->q, t, h), *dout = QH(a->dout, t, h);
                 float *dq = QH(a->dq, t, h);
                 memset(dq, 0, sizeof(float) * (size_t)hd);
+                // Scores, then probabilities in place (f32 exp; the sum in double).
                 float m = -INFINITY;
                 for (int j = 0; j <= t; j++) {
-                    const float s = td_ref_dot(q, KV(a->k, j), hd) * a->scale;
-                    if (s > m) m = s;
+                    pr[j] = td_ref_dot(q, KV(a->k, j), hd) * a->scale;
+                    if (pr[j] > m) m = pr[j];
                 }
                 double l = 0.0;
-                for (int j = 0; j <= t; j++)
-                    l += exp((double)(td_ref_dot(q, KV(a->k, j), hd) * a->scale - m));
+                for (int j = 0; j <= t; j++) l += (pr[j] = expf(pr[j] - m));
                 const float il = (float)(1.0 / l);
                 const float D = td_ref_dot(dout, QH(a->out, t, h), hd);
                 for (int j = 0; j <= t; j++) {
                     const float *k = KV(a->k, j), *v = KV(a->v, j);
-                    const float p = expf(td_ref_dot(q, k, hd) * a->scale - m) * il;
+                    const float p = pr[j] * il;
                     const float dp = td_ref_dot(dout, v, hd);
                     const float ds = p * (dp - D) * a->scale;
                     float *dk = KV(a->dk, j), *dv = KV(a->dv, j);
