@@ -609,21 +609,28 @@ td_status td_tmodel_load(td_tmodel *tm, const td_model *m, td_err *err) {
                               td_dtype_name(src->type));
         td_to_f32(src->type, src->data, t->data, n);
     }
-    if (td_tensor_present(
-            &m->rope_freqs)) {  // GGUF llama3 divisors, as the inference forward applies
+    // The model's RoPE and norm settings, and GGUF llama3 divisors, as the inference forward does.
+    tm->c.norm_eps = b->norm_eps;
+    tm->c.rope_theta = b->rope_theta;
+    tm->c.rope_style = b->rope_style;
+    tm->c.rope_scaling = b->rope_scaling;
+    tm->c.rope_factor = b->rope_factor;
+    tm->c.rope_low_freq_factor = b->rope_low_freq_factor;
+    tm->c.rope_high_freq_factor = b->rope_high_freq_factor;
+    tm->c.rope_orig_max_pos = b->rope_orig_max_pos;
+    rope_init(tm);
+    if (td_tensor_present(&m->rope_freqs)) {
         const int half = tm->c.head_dim / 2;
         if (td_tensor_nelem(&m->rope_freqs) != half)
             return td_err_set(err, TD_ERR_INVALID, "train: rope_freqs has the wrong size");
         float ff[TD_ATTN_MAX_HEAD_DIM / 2];
         td_to_f32(m->rope_freqs.type, m->rope_freqs.data, ff, half);
-        rope_init(tm);
         for (int i = 0; i < half; i++) {
             if (!(ff[i] > 0.0f))
                 return td_err_set(err, TD_ERR_INVALID, "train: rope_freqs is not positive");
             tm->inv_freq[i] /= ff[i];
         }
     }
-    tm->c.rope_style = m->cfg.rope_style;
     return TD_OK;
 }
 

@@ -55,7 +55,9 @@ void td_tmodel_free(td_tmodel *tm);  // NULL is fine
 void td_tmodel_init_random(td_tmodel *tm, uint64_t seed, float std);
 
 // Copies (converting to f32) the weights of a loaded model whose config matches the one given
-// to create (sizes, tie, bias, qk-norm); m is only read during the call.
+// to create (sizes, tie, bias, qk-norm) and adopts its RoPE settings (style, theta, scaling,
+// GGUF rope_freqs) and norm eps; m is only read during the call. On failure the parameters may
+// be partly overwritten.
 td_status td_tmodel_load(td_tmodel *tm, const td_model *m, td_err *err);
 
 const td_model_config *td_tmodel_config(const td_tmodel *tm);
