@@ -79,7 +79,7 @@ int td_cmd_train(int argc, char **argv) {
         INT("--batch", 1, 1 << 16, p.model.batch)
         INT("--seq-len", 1, 1 << 20, p.model.seq_len)
         INT("--accum", 1, 1 << 16, p.trainer.grad_accum)
-        INT("--steps", 1, 1L << 40, p.steps)
+        INT("--steps", 1, 1L << 30, p.steps)
         FLT("--lr", 0, 10, p.trainer.lr.max_lr)
         FLT("--min-lr", 0, 10, min_lr)
         INT("--warmup", 0, 1L << 30, warm)

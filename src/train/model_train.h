@@ -72,6 +72,9 @@ size_t td_tmodel_activation_bytes(const td_tmodel *tm);
 
 void td_tmodel_zero_grad(td_tmodel *tm);
 
+// Forward and backward allocate nothing and are not thread-safe (one caller per model; the model's
+// pool does the threading).
+
 // Forward over tokens[B*T] (row b*T + t is token t of sequence b). targets[B*T] (ids, or -1 to
 // ignore) may be NULL: then no loss. On success *loss_sum is the sum of per-token losses over the
 // counted targets and *n_counted their number (either pointer may be NULL). Logits stay available

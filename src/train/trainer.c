@@ -120,6 +120,17 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
     double ss = 0.0;
     for (int i = 0; i < nth; i++) ss += nj.part[i];
     const double norm = sqrt(ss);
+    const long step = td_adamw_step_count(t->opt);
+    const float lr = td_lr_at(&t->p.lr, step);
+    if (stats)
+        *stats = (td_step_stats){.loss = loss_sum / count,
+                                 .grad_norm = norm,
+                                 .lr = lr,
+                                 .step = step,
+                                 .n_targets = count};
+    if (!isfinite(norm))  // a NaN/inf gradient would poison the weights and both moments
+        return td_err_set(err, TD_ERR_INVALID,
+                          "trainer: the gradient norm is not finite at step %ld; no update", step);
     if (t->p.grad_clip > 0.0f) {
         const double coef = t->p.grad_clip / (norm + 1e-6);  // as torch.nn.utils.clip_grad_norm_
         if (coef < 1.0) {
@@ -127,14 +138,6 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
             td_pool_run(pool, scale_task, &sj);
         }
     }
-    const long step = td_adamw_step_count(t->opt);
-    const float lr = td_lr_at(&t->p.lr, step);
     td_adamw_update(t->opt, td_tmodel_tensor(tm, 0), td_tmodel_n_tensors(tm), lr, pool);
-    if (stats)
-        *stats = (td_step_stats){.loss = loss_sum / count,
-                                 .grad_norm = norm,
-                                 .lr = lr,
-                                 .step = step,
-                                 .n_targets = count};
     return TD_OK;
 }

@@ -38,7 +38,9 @@ td_status td_trainer_create(td_tmodel *tm, const td_trainer_params *p, td_traine
 void td_trainer_free(td_trainer *t);  // NULL is fine
 
 // One step over grad_accum micro-batches: tokens and targets are [grad_accum][B*T] (micro-batch i
-// at offset i*B*T); targets -1 are ignored. On an input error nothing is updated.
+// at offset i*B*T); targets -1 are ignored. On an input error nothing is updated; a non-finite
+// gradient norm is TD_ERR_INVALID with stats filled and the weights and optimizer untouched (the
+// gradients are left as computed). Not thread-safe.
 td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *targets,
                           td_step_stats *stats, td_err *err);
 

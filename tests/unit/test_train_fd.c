@@ -10,6 +10,7 @@
 
 #include "test_util.h"
 #include "train/model_train.h"
+#include "train/trainer.h"
 
 static td_model_config tiny(int tie) {
     td_model_config c;
@@ -87,9 +88,42 @@ static void run(int tie) {
     td_tmodel_free(tm);
 }
 
+// A non-finite gradient stops the step before the optimizer touches anything.
+static void test_nonfinite(void) {
+    td_model_config c = tiny(1);
+    td_tmodel_params p = td_tmodel_default_params();
+    p.batch = 1, p.seq_len = 4, p.n_threads = 2;
+    td_tmodel *tm = NULL;
+    td_trainer *tr = NULL;
+    td_err err = {0};
+    if (td_tmodel_create(&c, &p, &tm, &err) != TD_OK ||
+        td_trainer_create(tm, NULL, &tr, &err) != TD_OK) {
+        CHECK(0, "create: %s", err.msg);
+        td_tmodel_free(tm);
+        return;
+    }
+    td_tmodel_init_random(tm, 3, 0.02f);
+    size_t n;
+    float *w = td_tmodel_params_buf(tm, &n);
+    w[5 * c.dim + 1] = INFINITY;  // token 5's embedding
+    float *before = malloc(n * sizeof *before);
+    memcpy(before, w, n * sizeof *before);
+    const int32_t tok[4] = {1, 5, 2, 3}, tgt[4] = {5, 2, 3, 4};
+    td_step_stats ss;
+    CHECK(td_trainer_step(tr, tok, tgt, &ss, &err) == TD_ERR_INVALID, "non-finite step accepted");
+    CHECK(!isfinite(ss.grad_norm), "stats norm %g", ss.grad_norm);
+    CHECK(!memcmp(before, w, n * sizeof *before), "weights changed by a failed step");
+    CHECK(td_trainer_step_count(tr) == 0 && td_adamw_m(td_trainer_adamw(tr))[0] == 0.0f,
+          "optimizer advanced by a failed step");
+    free(before);
+    td_trainer_free(tr);
+    td_tmodel_free(tm);
+}
+
 int main(void) {
     run(0);
     run(1);
+    test_nonfinite();
     // Bad shapes are refused at create.
     td_model_config c = tiny(0);
     c.head_dim = 5;
