@@ -1,8 +1,9 @@
 // Benchmark of the training core: forward and forward+backward time of a random llama-style model
-// (FP32 or BF16, optional recomputation). Prints one JSON line: ms per forward, ms per
-// forward+backward, tokens/s of a training step (forward + backward), parameters.
+// (FP32 or BF16, optional recomputation, kernels or oneDNN GEMM). Prints one JSON line: ms per
+// forward, ms per forward+backward, tokens/s of a training step (forward + backward), parameters.
 // Usage: bench_train [dim=256] [layers=4] [batch=4] [seq=128] [bf16=0] [recompute=0] [threads=0]
-// [iters=3] Not a test; numbers depend on the machine.
+//                    [iters=3] [dnnl=0]
+// Not a test; numbers depend on the machine.
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,8 @@ int main(int argc, char **argv) {
     td_tmodel_params p = td_tmodel_default_params();
     p.batch = B, p.seq_len = T, p.n_threads = threads, p.recompute = recompute;
     p.precision = bf16 ? TD_TRAIN_BF16 : TD_TRAIN_FP32;
+    const int dnnl = argc > 9 && atoi(argv[9]);
+    p.gemm = dnnl ? TD_TRAIN_GEMM_DNNL : TD_TRAIN_GEMM_KERNELS;
     td_tmodel *tm;
     td_err err = {0};
     if (td_tmodel_create(&c, &p, &tm, &err) != TD_OK) return fprintf(stderr, "%s\n", err.msg), 1;
@@ -42,12 +45,11 @@ int main(int argc, char **argv) {
     }
     size_t np;
     td_tmodel_params_buf(tm, &np);
-    printf(
-        "{\"dim\":%d,\"layers\":%d,\"batch\":%d,\"seq\":%d,\"bf16\":%d,\"recompute\":%d,\"params\":"
-        "%zu,"
-        "\"fwd_ms\":%.2f,\"fwd_bwd_ms\":%.2f,\"train_tok_per_s\":%.0f,\"act_mib\":%.1f}\n",
-        dim, layers, B, T, bf16, recompute, np, 1e3 * t_f / iters, 1e3 * t_fb / iters,
-        N * iters / t_fb, td_tmodel_activation_bytes(tm) / 1048576.0);
+    printf("{\"dim\":%d,\"layers\":%d,\"batch\":%d,\"seq\":%d,\"bf16\":%d,\"recompute\":%d,"
+           "\"dnnl\":%d,\"params\":%zu,\"fwd_ms\":%.2f,\"fwd_bwd_ms\":%.2f,"
+           "\"train_tok_per_s\":%.0f,\"act_mib\":%.1f}\n",
+           dim, layers, B, T, bf16, recompute, dnnl, np, 1e3 * t_f / iters, 1e3 * t_fb / iters,
+           N * iters / t_fb, td_tmodel_activation_bytes(tm) / 1048576.0);
     free(tok);
     td_tmodel_free(tm);
     return 0;

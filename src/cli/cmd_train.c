@@ -98,6 +98,17 @@ int td_cmd_train(int argc, char **argv) {
         else if (!strcmp(a, "--bf16")) p.model.precision = TD_TRAIN_BF16;
         else if (!strcmp(a, "--recompute")) p.model.recompute = 1;
         else if (!strcmp(a, "--resume")) p.resume = 1;
+        else if (!strcmp(a, "--gemm")) {
+            if (v && !strcmp(v, "dnnl")) {
+                p.model.gemm = TD_TRAIN_GEMM_DNNL;
+            } else if (v && !strcmp(v, "kernels")) {
+                p.model.gemm = TD_TRAIN_GEMM_KERNELS;
+            } else {
+                fprintf(stderr, "tandem: --gemm expects kernels or dnnl\n");
+                ok = 0;
+            }
+            i++;
+        }
         else if (!strcmp(a, "--val")) {
             if (!v || !*v) {
                 fprintf(stderr, "tandem: --val needs a value\n");

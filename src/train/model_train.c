@@ -11,6 +11,7 @@
 
 #include "kernels/backward.h"
 #include "kernels/kernels.h"
+#include "train/gemm.h"
 
 typedef struct layer_params {  // views into the parameter (or gradient) buffer; NULL when absent
     float *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *q_norm, *k_norm, *wo;
@@ -154,6 +155,13 @@ static void mm(td_tmodel *tm, const float *w, const float *b, const float *x, fl
         x = tm->xr;
         w = wbf_of(tm, w);
     }
+    if (tm->p.gemm == TD_TRAIN_GEMM_DNNL) {  // y = x W^T (+ b: rows preset, beta 1)
+        const int64_t N = tm->N;
+        if (b)
+            for (int64_t t = 0; t < N; t++) memcpy(y + t * n_out, b, (size_t)n_out * sizeof(float));
+        td_gemm('N', 'T', N, n_out, n_in, 1.0f, x, n_in, w, n_in, b ? 1.0f : 0.0f, y, n_out);
+        return;
+    }
     td_tensor wt = {.type = TD_F32,
                     .ndim = 2,
                     .ne = {n_out, n_in},
@@ -175,6 +183,19 @@ static void mm_bwd(td_tmodel *tm, const float *w, const float *x, float *dy, flo
         float *r = dy_scratch ? tm->dyr : dy;
         round_bf16(tm, dy, r, (size_t)tm->N * n_out);
         dyo = r;
+    }
+    if (tm->p.gemm == TD_TRAIN_GEMM_DNNL) {
+        const int64_t N = tm->N;
+        if (dx)  // dx[N, n_in] (+)= dy[N, n_out] W[n_out, n_in]
+            td_gemm('N', 'N', N, n_in, n_out, 1.0f, dyo, n_out, w, n_in, accumulate ? 1.0f : 0.0f,
+                    dx, n_in);
+        if (dw)  // dW[n_out, n_in] += dy^T x
+            td_gemm('T', 'N', n_out, n_in, N, 1.0f, dyo, n_out, x, n_in, 1.0f, dw, n_in);
+        if (db) {  // the kernel with no dW sums the bias gradient only
+            td_mm_bwd_args a = {.dy = dyo, .db = db, .n_tok = tm->N, .n_out = n_out, .n_in = n_in};
+            td_pool_run(tm->pool, t_mm_bwd_w, &a);
+        }
+        return;
     }
     td_mm_bwd_args a = {.w = w,
                         .x = x,
@@ -397,6 +418,10 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     if (p.batch <= 0 || p.seq_len <= 0 || (int64_t)p.batch * p.seq_len > (1 << 24))
         return td_err_set(err, TD_ERR_INVALID, "train: batch %d x seq_len %d is out of range",
                           p.batch, p.seq_len);
+    if (p.gemm == TD_TRAIN_GEMM_DNNL && !td_gemm_available())
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "train: oneDNN GEMM requested but not built in");
+    if (p.gemm != TD_TRAIN_GEMM_KERNELS && p.gemm != TD_TRAIN_GEMM_DNNL)
+        return td_err_set(err, TD_ERR_INVALID, "train: unknown gemm %d", (int)p.gemm);
     if (p.precision != TD_TRAIN_FP32 && p.precision != TD_TRAIN_BF16)
         return td_err_set(err, TD_ERR_INVALID, "train: unknown precision %d", (int)p.precision);
     if (c->rope_scaling == TD_ROPE_SCALING_LINEAR && !(c->rope_factor > 0.0f))

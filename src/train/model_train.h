@@ -19,12 +19,18 @@ typedef enum {
     TD_TRAIN_BF16,      // matmul operands rounded to bf16, f32 accumulation; f32 master weights
 } td_train_precision;
 
+typedef enum {
+    TD_TRAIN_GEMM_KERNELS = 0,  // matmuls on the kernel table (forward) and kernels/backward.h
+    TD_TRAIN_GEMM_DNNL,         // oneDNN sgemm for every matmul (train/gemm.h; when built in)
+} td_train_gemm;
+
 typedef struct td_tmodel_params {
     int batch;      // sequences per micro-batch (B)
     int seq_len;    // tokens per sequence (T); positions 0..T-1
     int n_threads;  // <= 0: all online CPUs
     td_train_precision precision;
-    int recompute;  // 1: keep only each layer's input and recompute the layer in backward
+    int recompute;       // 1: keep only each layer's input and recompute the layer in backward
+    td_train_gemm gemm;  // TD_TRAIN_GEMM_DNNL without oneDNN built in: create fails
 } td_tmodel_params;
 
 // batch 1, seq_len 64, n_threads 0, FP32, no recomputation.

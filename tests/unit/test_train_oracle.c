@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "test_util.h"
+#include "train/gemm.h"
 #include "train/model_train.h"
 #include "train/trainer.h"
 
@@ -64,9 +65,12 @@ static double rel_l2(const float *got, const float *want, int64_t n) {
     return sqrt(d / (w > 0 ? w : 1));
 }
 
+static td_train_gemm gemm = TD_TRAIN_GEMM_KERNELS;  // for make_tm
+
 static td_tmodel *make_tm(const td_model *m, int threads, td_train_precision prec, int recompute) {
     td_tmodel_params p = td_tmodel_default_params();
     p.batch = B, p.seq_len = T, p.n_threads = threads, p.precision = prec, p.recompute = recompute;
+    p.gemm = gemm;
     td_tmodel *tm = NULL;
     td_err err = {0};
     td_status st = td_tmodel_create(&m->cfg, &p, &tm, &err);
@@ -203,6 +207,28 @@ static void run_config(const char *name) {
                    (double)want_loss[0], worst);
         }
         td_tmodel_free(bf);
+    }
+
+    // oneDNN GEMM (when built in): logits and gradients within the same tolerances.
+    if (td_gemm_available()) {
+        gemm = TD_TRAIN_GEMM_DNNL;
+        td_tmodel *dn = make_tm(m, 2, TD_TRAIN_FP32, 0);
+        gemm = TD_TRAIN_GEMM_KERNELS;
+        if (dn) {
+            CHECK(td_tmodel_forward(dn, tok, tgt, NULL, NULL, &err) == TD_OK, "dnnl forward");
+            check_close("dnnl", "logits", td_tmodel_logits(dn), want_logits, (int64_t)N * V,
+                        LOGIT_RTOL, LOGIT_ATOL);
+            fwd_bwd(dn, tok, tgt);
+            for (int i = 0; i < td_tmodel_n_tensors(dn); i++) {
+                const td_tparam *t = td_tmodel_tensor(dn, i);
+                snprintf(path, sizeof path, "grad.%s", t->name);
+                const float *want = oget(o, path, t->rows * t->cols);
+                if (want)
+                    check_close("dnnl", path, t->grad, want, t->rows * t->cols, GRAD_RTOL,
+                                GRAD_ATOL);
+            }
+        }
+        td_tmodel_free(dn);
     }
 
     // AdamW steps with accumulation 2, clipping, warm-up + cosine.

@@ -9,6 +9,7 @@
 
 #include "test_util.h"
 #include "train/ckpt.h"
+#include "train/gemm.h"
 #include "train/shards.h"
 #include "train/train_run.h"
 
@@ -78,6 +79,15 @@ int main(void) {
     CHECK(td_train_run(&p, &r, &err) == TD_OK, "bf16 run: %s", err.msg);
     printf("bf16+recompute+accum2: loss %.4f -> %.4f\n", r.first_loss, r.last_loss);
     CHECK(r.last_loss < 1.0, "bf16 loss %g -> %g", r.first_loss, r.last_loss);
+
+    // oneDNN GEMM (when built in) learns as well.
+    if (td_gemm_available()) {
+        p = tiny(shards, 1);
+        p.model.gemm = TD_TRAIN_GEMM_DNNL, p.model.n_threads = 1;
+        CHECK(td_train_run(&p, &r, &err) == TD_OK, "dnnl run: %s", err.msg);
+        printf("dnnl: loss %.4f -> %.4f\n", r.first_loss, r.last_loss);
+        CHECK(r.last_loss < 1.0, "dnnl loss %g -> %g", r.first_loss, r.last_loss);
+    }
 
     // Resume: 12 steps straight vs 6 + resume to 12 (the schedule spans 12 in both).
     char da[300], db[300], fa[400], fb[400];
