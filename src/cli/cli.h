@@ -4,6 +4,7 @@
 #define TD_CLI_CLI_H
 
 int td_cmd_run(int argc, char **argv);
+int td_cmd_serve(int argc, char **argv);
 int td_cmd_tokenize(int argc, char **argv);
 int td_cmd_detokenize(int argc, char **argv);
 

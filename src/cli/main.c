@@ -4,6 +4,8 @@
 
 #include "cli/cli.h"
 #include "cli/cmd_bench_serve.h"
+#include "cli/cmd_eval.h"
+#include "cli/cmd_train_data.h"
 
 #define TANDEM_VERSION "0.1.0"
 
@@ -15,9 +17,14 @@ static void usage(FILE *f) {
             "\n"
             "commands:\n"
             "  run MODEL        generate text from a prompt (MODEL: model directory or .gguf)\n"
+            "  serve [MODEL]    serve an OpenAI-compatible API (docs/serving.md)\n"
             "  tokenize PATH    print the token ids of a text\n"
             "  detokenize PATH  print the text of token ids\n"
+            "  tokenizer train  learn a byte-level BPE tokenizer from text files\n"
+            "  data prepare     tokenize a corpus into training shards\n"
             "  bench serve      load-test an OpenAI-compatible server (docs/bench-serve.md)\n"
+            "  eval MODEL       perplexity over token shards (docs/eval.md)\n"
+            "  plot LOG...      training-log loss curves to a PNG (docs/eval.md)\n"
             "\n"
             "`tandem <command> --help` describes a command's options.\n",
             TANDEM_VERSION);
@@ -30,13 +37,26 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "run")) return td_cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return td_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return td_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return td_cmd_detokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenizer")) {
+        if (argc > 2 && !strcmp(argv[2], "train")) return td_cmd_tokenizer_train(argc - 2, argv + 2);
+        fprintf(stderr, "tandem tokenizer: expected a subcommand: train\n");
+        return 2;
+    }
+    if (!strcmp(cmd, "data")) {
+        if (argc > 2 && !strcmp(argv[2], "prepare")) return td_cmd_data_prepare(argc - 2, argv + 2);
+        fprintf(stderr, "tandem data: expected a subcommand: prepare\n");
+        return 2;
+    }
     if (!strcmp(cmd, "bench")) {
         if (argc > 2 && !strcmp(argv[2], "serve")) return td_cmd_bench_serve(argc - 2, argv + 2);
         fprintf(stderr, "tandem bench: expected a benchmark name: serve\n");
         return 2;
     }
+    if (!strcmp(cmd, "eval")) return td_cmd_eval(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plot")) return td_cmd_plot(argc - 1, argv + 1);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("tandem %s\n", TANDEM_VERSION);
         return 0;

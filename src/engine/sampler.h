@@ -8,15 +8,9 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "base/rng.h"
 #include "base/status.h"
 
-// xoshiro256** seeded by splitmix64: reproducible for a seed on every platform.
-typedef struct td_rng {
-    uint64_t s[4];
-} td_rng;
-void td_rng_seed(td_rng *r, uint64_t seed);
-uint64_t td_rng_next(td_rng *r);
-double td_rng_uniform(td_rng *r);  // [0, 1), 53 bits
 
 typedef struct td_logit_bias {
     int32_t token;

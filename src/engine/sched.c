@@ -424,7 +424,7 @@ void td_sched_step(td_sched *s, td_sched_out *out) {
         td_seq *q = &s->slots[s->waiting[0]];
         TD_ASSERT(q->n_blocks == 0 && q->n_computed == 0);
         int matched = 0;
-        if (s->p.enable_prefix_cache)  // the last token is always computed: it yields the logits
+        if (s->p.enable_prefix_cache && !q->no_prefix_hit)  // the last token is always computed
             matched = td_kv_pool_cache_match(s->pool, q->tokens, (q->n_tokens - 1) / s->bs,
                                              q->hashes, q->entries, q->blocks);
         int cached = matched * s->bs;
@@ -485,6 +485,13 @@ td_status td_sched_append_token(td_sched *s, uint64_t seq_id, int32_t token, td_
         return td_err_set(err, TD_ERR_INVALID, "sequence %llu: a token is already pending",
                           (unsigned long long)seq_id);
     q->tokens[q->n_tokens++] = token;
+    return TD_OK;
+}
+
+td_status td_sched_set_no_prefix_hit(td_sched *s, uint64_t seq_id, bool no_hit) {
+    int slot = map_find(s, seq_id);
+    if (slot < 0) return TD_ERR_NOT_FOUND;
+    s->slots[slot].no_prefix_hit = no_hit;
     return TD_OK;
 }
 

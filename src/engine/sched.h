@@ -86,6 +86,12 @@ void td_sched_step(td_sched *s, td_sched_out *out);
 // TD_ERR_NOT_FOUND for an unknown id.
 td_status td_sched_append_token(td_sched *s, uint64_t seq_id, int32_t token, td_err *err);
 
+// Makes every (re-)admission of this sequence compute its whole prefix instead of taking
+// prefix-cache hits (its own full blocks are still entered into the cache). For requests that
+// need the logits of every prompt position (prompt log-probabilities), as vLLM does.
+// TD_ERR_NOT_FOUND for an unknown id.
+td_status td_sched_set_no_prefix_hit(td_sched *s, uint64_t seq_id, bool no_hit);
+
 // Ends a sequence normally: its computed full blocks enter the prefix cache, then all its blocks
 // are released and its slot freed. TD_ERR_NOT_FOUND for an unknown id.
 td_status td_sched_finish(td_sched *s, uint64_t seq_id);

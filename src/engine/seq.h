@@ -46,6 +46,8 @@ typedef struct td_seq {
     uint64_t order;       // FCFS rank: arrival number (a fork shares its parent's)
     int n_cached_tokens;  // prefix-cache hit at the first admission (tokens)
     int n_preemptions;
+    bool no_prefix_hit;   // never admitted with prefix-cache hits (td_sched_set_no_prefix_hit):
+                          // the engine needs every position's logits (prompt logprobs)
     void *mem;  // the one allocation that tokens, blocks, hashes, entries live in
 } td_seq;
 

@@ -470,8 +470,8 @@ td_status td_lg_run_workload(const td_lg_params *p, const td_lg_workload *w, td_
     int cap = p->max_concurrency > 0 && p->max_concurrency < w->n ? p->max_concurrency : w->n;
     raise_fd_limit(cap + 64);
 
-    td_lg_rng rng;
-    td_lg_rng_seed(&rng, p->seed);
+    td_rng rng;
+    td_rng_seed(&rng, p->seed);
     td_lg_arrivals((size_t)w->n, p->request_rate, p->burstiness, &rng, arr);
 
     int next = 0, qhead = 0, qtail = 0;

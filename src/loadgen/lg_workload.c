@@ -63,7 +63,7 @@ void td_lg_workload_free(td_lg_workload *w) {
 
 // The JSON body of one request; returns a malloc'd string or NULL (out of memory).
 static char *build_body(const td_lg_params *p, const char *model, int chat, const int *ids, int in_len,
-                        int max_tokens, td_lg_rng *rng, const cJSON *extra) {
+                        int max_tokens, td_rng *rng, const cJSON *extra) {
     cJSON *o = cJSON_CreateObject();
     char *text = NULL, *out = NULL;
     if (!o) return NULL;
@@ -73,7 +73,7 @@ static char *build_body(const td_lg_params *p, const char *model, int chat, cons
         text = malloc(cap);
         if (!text) goto done;
         for (int i = 0; i < in_len; i++) {
-            const char *wd = WORDS[td_lg_rng_int(rng, 0, (long)N_WORDS - 1)];
+            const char *wd = WORDS[td_rng_int(rng, 0, (long)N_WORDS - 1)];
             len += (size_t)snprintf(text + len, cap - len, "%s%s", i ? " " : "", wd);
         }
         text[len] = 0;
@@ -148,13 +148,13 @@ td_status td_lg_workload_build(const td_lg_params *p, const char *model, td_lg_w
         st = td_err_set(err, TD_ERR_NOMEM, "out of memory for %d requests", p->num_prompts);
         goto out;
     }
-    td_lg_rng rng;
-    td_lg_rng_seed(&rng, p->seed ^ 0x5eedda7a5e7ull);  // the dataset stream; arrivals use another
+    td_rng rng;
+    td_rng_seed(&rng, p->seed ^ 0x5eedda7a5e7ull);  // the dataset stream; arrivals use another
     for (int i = 0; i < p->num_prompts; i++) {
-        int in_len = (int)td_lg_rng_int(&rng, in_lo, in_hi);
-        int max_tokens = (int)td_lg_rng_int(&rng, out_lo, out_hi);
+        int in_len = (int)td_rng_int(&rng, in_lo, in_hi);
+        int max_tokens = (int)td_rng_int(&rng, out_lo, out_hi);
         if (!chat)
-            for (int k = 0; k < in_len; k++) ids[k] = p->vocab_offset + (int)td_lg_rng_int(&rng, 0, p->vocab_size - 1);
+            for (int k = 0; k < in_len; k++) ids[k] = p->vocab_offset + (int)td_rng_int(&rng, 0, p->vocab_size - 1);
         char *body = build_body(p, model, chat, ids, in_len, max_tokens, &rng, extra);
         if (!body) {
             st = td_err_set(err, TD_ERR_NOMEM, "out of memory building request %d", i);

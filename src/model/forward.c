@@ -1,6 +1,7 @@
 // Llama-family inference forward over a flat multi-sequence batch, reading weights in place and
 // calling math only through the backend. Sizes everything at create; td_forward_run allocates
-// nothing. Owns a contiguous f32 KV cache (one block of max_ctx rows per sequence per layer).
+// nothing. Owns a contiguous f32 KV cache (one block of max_ctx rows per sequence per layer), or
+// none when created with external_kv (td_forward_run_kv then reads the caller's paged cache).
 #include "model/forward.h"
 
 #include <math.h>
@@ -246,7 +247,7 @@ td_status td_forward_create(const td_model *m, const td_forward_params *pp, td_f
     const size_t T = (size_t)p.max_batch_tokens;
     const size_t per_tok = 2 * (size_t)c->dim + 2 * (size_t)f->q_dim + 2 * (size_t)f->kv_dim +
                            2 * (size_t)c->ffn_dim;
-    const size_t kv_rows = mul3((size_t)c->n_layers * 2, (size_t)p.max_seqs, (size_t)p.max_ctx);
+    const size_t kv_rows = p.external_kv ? 1 : mul3((size_t)c->n_layers * 2, (size_t)p.max_seqs, (size_t)p.max_ctx);
     const size_t kv_elems = mul3(kv_rows, (size_t)f->kv_dim, 1);
     const size_t scratch_elems = mul3(T, per_tok, 1);
     if (!kv_elems || !scratch_elems || kv_elems > SIZE_MAX / 4 || scratch_elems > SIZE_MAX / 4) {
@@ -275,7 +276,7 @@ td_status td_forward_create(const td_model *m, const td_forward_params *pp, td_f
         f->blk_tab[s] = &f->blk_ids[s];
     }
     const size_t layer_half = (size_t)p.max_seqs * (size_t)p.max_ctx * (size_t)f->kv_dim;
-    for (int l = 0; l < c->n_layers; l++) {
+    for (int l = 0; l < c->n_layers && !p.external_kv; l++) {
         f->kvl[l] = (td_kv_layer){.k = f->kv + (size_t)l * 2 * layer_half,
                                   .v = f->kv + ((size_t)l * 2 + 1) * layer_half,
                                   .block_table = f->blk_tab,
@@ -326,7 +327,8 @@ int td_forward_seq_len(const td_forward *f, int seq_id) {
 }
 
 // Checks a batch against the model and the cache without changing anything; counts output rows.
-static td_status check_batch(td_forward *f, const td_batch *b, int *n_out, td_err *err) {
+// check_len: also check positions against the own cache's lengths (not for an external cache).
+static td_status check_batch(td_forward *f, const td_batch *b, bool check_len, int *n_out, td_err *err) {
     if (b->n_tokens < 0 || b->n_tokens > f->p.max_batch_tokens)
         return td_err_set(err, TD_ERR_INVALID, "batch of %d tokens (max_batch_tokens is %d)", b->n_tokens,
                           f->p.max_batch_tokens);
@@ -345,7 +347,7 @@ static td_status check_batch(td_forward *f, const td_batch *b, int *n_out, td_er
         if (pos < 0 || pos >= f->p.max_ctx)
             return td_err_set(err, TD_ERR_INVALID, "batch token %d: position %d is outside [0, %d)", t, pos,
                               f->p.max_ctx);
-        if (f->last_pos[seq] < 0 && pos > f->seq_len[seq])
+        if (check_len && f->last_pos[seq] < 0 && pos > f->seq_len[seq])
             return td_err_set(err, TD_ERR_INVALID,
                               "batch token %d: position %d skips ahead of sequence %d's %d cached positions",
                               t, pos, seq, f->seq_len[seq]);
@@ -360,10 +362,30 @@ static td_status check_batch(td_forward *f, const td_batch *b, int *n_out, td_er
     return TD_OK;
 }
 
+static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl, float *logits, td_err *err);
+
 td_status td_forward_run(td_forward *f, const td_batch *b, float *logits, td_err *err) {
     if (!f || !b) return td_err_set(err, TD_ERR_INVALID, "forward: no forward or batch");
+    if (f->p.external_kv)
+        return td_err_set(err, TD_ERR_INVALID, "forward: created with external_kv: use td_forward_run_kv");
+    return run(f, b, f->kvl, logits, err);
+}
+
+td_status td_forward_run_kv(td_forward *f, const td_batch *b, const td_kv_layer *kv, float *logits,
+                            td_err *err) {
+    if (!f || !b || !kv) return td_err_set(err, TD_ERR_INVALID, "forward: no forward, batch or KV cache");
+    for (int l = 0; l < f->c.n_layers; l++)
+        if (!kv[l].k || !kv[l].v || !kv[l].block_table || kv[l].block_size <= 0 || kv[l].kv_dim != f->kv_dim)
+            return td_err_set(err, TD_ERR_INVALID,
+                              "forward: KV layer %d: missing arrays or tables, block_size %d, kv_dim %d (want %d)",
+                              l, kv[l].block_size, kv[l].kv_dim, f->kv_dim);
+    return run(f, b, kv, logits, err);
+}
+
+static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl, float *logits, td_err *err) {
+    const bool own = kvl == f->kvl;
     int n_out = 0;
-    td_status st = check_batch(f, b, &n_out, err);
+    td_status st = check_batch(f, b, own, &n_out, err);
     if (st) return st;
     if (n_out > 0 && !logits) return td_err_set(err, TD_ERR_INVALID, "forward: logits buffer is NULL");
     const int T = b->n_tokens;
@@ -392,8 +414,8 @@ td_status td_forward_run(td_forward *f, const td_batch *b, float *logits, td_err
         td_backend_rope(be, f->q, b->pos, f->inv_freq, T, nh, hd, neox);
         td_backend_rope(be, f->k, b->pos, f->inv_freq, T, nkv, hd, neox);
         // Write the whole batch's keys first: a token then sees earlier tokens of its batch.
-        td_backend_kv_write(be, &f->kvl[l], f->k, f->v, b->seq_id, b->pos, T);
-        td_backend_attention(be, f->q, &f->kvl[l], b->seq_id, b->pos, f->att, T, nh, nkv, hd, scale);
+        td_backend_kv_write(be, &kvl[l], f->k, f->v, b->seq_id, b->pos, T);
+        td_backend_attention(be, f->q, &kvl[l], b->seq_id, b->pos, f->att, T, nh, nkv, hd, scale);
         td_backend_matmul(be, &w->wo, NULL, f->att, f->xn, T);  // (T, dim)
         td_backend_add(be, f->x, f->xn, (int64_t)T * dim);
         // SwiGLU MLP block
@@ -404,7 +426,7 @@ td_status td_forward_run(td_forward *f, const td_batch *b, float *logits, td_err
         td_backend_matmul(be, &w->w_down, NULL, f->gate, f->xn, T);  // (T, dim)
         td_backend_add(be, f->x, f->xn, (int64_t)T * dim);
     }
-    for (int s = 0; s < f->p.max_seqs; s++)
+    for (int s = 0; s < f->p.max_seqs && own; s++)
         if (f->last_pos[s] >= 0) f->seq_len[s] = f->last_pos[s] + 1;
 
     if (n_out == 0) return TD_OK;

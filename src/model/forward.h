@@ -2,13 +2,17 @@
 // several sequences, continuing each sequence from its KV cache. Inference only: no saved
 // activations, no gradients. Weights are read in their stored dtype through the backend.
 // The KV cache here is contiguous per sequence (max_ctx rows per sequence, f32); attention reads it
-// through a block table, so a paged pool can replace it without touching the kernels.
+// through a block table, so a paged pool can replace it without touching the kernels: a forward
+// created with external_kv owns no cache and td_forward_run_kv reads and writes the caller's
+// per-layer block-addressed arrays (the engine's td_kv_pool).
 #ifndef TD_MODEL_FORWARD_H
 #define TD_MODEL_FORWARD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/status.h"
+#include "kernels/kernels.h"
 #include "model/model.h"
 
 typedef struct td_forward td_forward;
@@ -18,9 +22,11 @@ typedef struct td_forward_params {
     int max_seqs;          // sequence ids are in [0, max_seqs)
     int max_ctx;           // positions per sequence are in [0, max_ctx); 0 = min(cfg.max_pos, 4096)
     int n_threads;         // <= 0: all online CPUs
+    bool external_kv;      // no own KV cache: only td_forward_run_kv may be used (max_ctx then
+                           // only bounds positions; it sizes nothing)
 } td_forward_params;
 
-// max_batch_tokens 512, max_seqs 1, max_ctx 0 (model's, capped), n_threads 0.
+// max_batch_tokens 512, max_seqs 1, max_ctx 0 (model's, capped), n_threads 0, own KV cache.
 td_forward_params td_forward_default_params(void);
 
 // One flat batch. Arrays have n_tokens entries and are only read during td_forward_run.
@@ -48,7 +54,19 @@ void td_forward_free(td_forward *f);  // NULL is fine
 // want_logits is set, in batch order (n_out = n_tokens when want_logits is NULL); logits may be
 // NULL when n_out is 0. Invalid batches (ids, positions, sizes) return TD_ERR_INVALID with a
 // message and leave every sequence's cache as it was. Allocates nothing. Not thread-safe.
+// TD_ERR_INVALID for a forward created with external_kv.
 td_status td_forward_run(td_forward *f, const td_batch *b, float *logits, td_err *err);
+
+// The same over a caller-owned KV cache: kv[n_layers] gives each layer's K/V arrays (f32,
+// [n_blocks, block_size, kv_dim] with kv_dim = n_kv_heads * head_dim) and a block table per batch
+// sequence id (kv[l].block_table[seq_id] -> block ids; all layers normally share one table array).
+// Batch sequence ids are only indices into those tables here, valid for this call. The caller
+// guarantees that every table covers positions [0, last position of that sequence in the batch]
+// and that earlier positions hold that sequence's K/V (the forward cannot check what it does not
+// own); the batch is checked as td_forward_run checks it, except against cached lengths. K/V rows
+// of the batch's positions are written through the tables. Allocates nothing. Not thread-safe.
+td_status td_forward_run_kv(td_forward *f, const td_batch *b, const td_kv_layer *kv, float *logits,
+                            td_err *err);
 
 // Forgets a sequence's cached keys and values (its length becomes 0). Out-of-range ids are ignored.
 void td_forward_seq_clear(td_forward *f, int seq_id);

@@ -5,7 +5,7 @@
 #define TD_SERVER_METRICS_H
 
 #include <stdint.h>
-#include "server/serve_engine.h"
+#include "engine/serve_api.h"
 #include "server/srv_mem.h"
 #include "server/openai.h"
 

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <cjson/cJSON.h>
-#include "server/serve_engine.h"
+#include "engine/serve_api.h"
 #include "server/srv_mem.h"
 
 typedef enum td_api_kind { TD_API_COMPLETIONS, TD_API_CHAT } td_api_kind;

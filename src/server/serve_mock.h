@@ -8,7 +8,7 @@
 #ifndef TD_SERVER_SERVE_MOCK_H
 #define TD_SERVER_SERVE_MOCK_H
 
-#include "server/serve_engine.h"
+#include "engine/serve_api.h"
 
 typedef struct td_mock_params {
     const char *model_name;  // default "mock-model"

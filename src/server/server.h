@@ -1,6 +1,6 @@
 // `tandem serve`'s HTTP server: OpenAI-compatible routes over libmicrohttpd (one internal epoll thread,
 // streaming through suspend/resume, so open streams cost no threads), talking to an engine only
-// through td_engine (serve_engine.h). Not the engine, not the signal handling (the serve command
+// through td_engine (engine/serve_api.h). Not the engine, not the signal handling (the serve command
 // catches SIGTERM and calls td_server_stop), not TLS or auth.
 #ifndef TD_SERVER_SERVER_H
 #define TD_SERVER_SERVER_H
@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include "base/status.h"
 #include "server/openai.h"
-#include "server/serve_engine.h"
+#include "engine/serve_api.h"
 
 typedef struct td_server_params {
     const char *host;           // IPv4 address to bind; default "127.0.0.1"

@@ -1,6 +1,8 @@
 // Seeded, resumable window loader over token shards (behaviour documented in loader.h).
 #include "train/loader.h"
 
+#include "base/rng.h"
+
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -19,18 +21,12 @@ struct td_loader {
     td_loader_pos pos;
 };
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t x = (*s += 0x9e3779b97f4a7c15ull);
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 static uint64_t epoch_rng(uint64_t seed, uint64_t epoch) {
     uint64_t s = seed;
-    uint64_t a = splitmix(&s);
+    uint64_t a = td_splitmix64(&s);
     s = a ^ (epoch * 0xd1b54a32d192ed03ull);
-    return splitmix(&s);
+    return td_splitmix64(&s);
 }
 
 // Draws epoch `e`'s permutation into l->perm and resets the position to its start.
@@ -44,7 +40,7 @@ static void draw(td_loader *l, uint64_t e) {
     for (uint64_t i = l->W - 1; i > 0; i--) {
         // Unbiased bounded draw (rejection on the top remainder).
         uint64_t bound = i + 1, lim = UINT64_MAX - UINT64_MAX % bound, r;
-        do r = splitmix(&s);
+        do r = td_splitmix64(&s);
         while (r >= lim);
         uint64_t j = r % bound, t = l->perm[i];
         l->perm[i] = l->perm[j];

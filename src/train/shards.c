@@ -1,6 +1,8 @@
 // Token shard writer/reader and corpus preparation (format in shards.h).
 #include "train/shards.h"
 
+#include "base/rng.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -242,12 +244,6 @@ static td_status set_add(shard_set *s, const int32_t *ids, size_t n, td_err *err
     return TD_OK;
 }
 
-static uint64_t splitmix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 #define BATCH_DOCS 1024  // documents encoded in parallel per round
 
@@ -286,7 +282,7 @@ static td_status route(prep *q, const td_tokens *t, td_err *err) {
     size_t n = t->n + (p->sep_id >= 0);
     int v;
     if (p->split == TD_SHARD_SPLIT_DOCS) {
-        double u = (double)(splitmix(p->seed ^ splitmix(q->doc_index)) >> 11) * 0x1.0p-53;
+        double u = (double)(td_mix64(p->seed ^ td_mix64(q->doc_index)) >> 11) * 0x1.0p-53;
         v = u < p->val_fraction;
     } else {
         double total = (double)(q->st.tokens[0] + q->st.tokens[1] + n);

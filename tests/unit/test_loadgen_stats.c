@@ -159,12 +159,12 @@ static int cmp_d(const void *a, const void *b) {
 static void test_arrivals(void) {
     enum { N = 200000 };
     double *x = malloc(N * sizeof *x);
-    td_lg_rng rng;
+    td_rng rng;
 
     // Exponential sampler: moments and a Kolmogorov-Smirnov test against 1 - exp(-rate x).
-    td_lg_rng_seed(&rng, 42);
+    td_rng_seed(&rng, 42);
     double rate = 4.0;
-    for (int i = 0; i < N; i++) x[i] = td_lg_rng_exponential(&rng, rate);
+    for (int i = 0; i < N; i++) x[i] = td_rng_exponential(&rng, rate);
     double m = td_lg_mean(x, N), s = td_lg_std(x, N);
     CHECK(fabs(m - 0.25) < 0.25 * 0.01, "exponential mean %.5f (0.25)", m);
     CHECK(fabs(s - 0.25) < 0.25 * 0.02, "exponential std %.5f (0.25)", s);
@@ -180,7 +180,7 @@ static void test_arrivals(void) {
     double shapes[] = {0.5, 3.0};
     for (int t = 0; t < 2; t++) {
         double k = shapes[t], theta = 0.2;
-        for (int i = 0; i < N; i++) x[i] = td_lg_rng_gamma(&rng, k, theta);
+        for (int i = 0; i < N; i++) x[i] = td_rng_gamma(&rng, k, theta);
         m = td_lg_mean(x, N);
         s = td_lg_std(x, N);
         CHECK(fabs(m - k * theta) < k * theta * 0.015, "gamma(%g) mean %.5f (%.5f)", k, m, k * theta);
@@ -191,7 +191,7 @@ static void test_arrivals(void) {
     // Arrival times: Poisson, rescaled so that the last is exactly n / rate.
     enum { NA = 2000 };
     double a[NA], b[NA], gaps[NA];
-    td_lg_rng_seed(&rng, 7);
+    td_rng_seed(&rng, 7);
     td_lg_arrivals(NA, 10.0, 1.0, &rng, a);
     CHECK(fabs(a[NA - 1] - NA / 10.0) < 1e-9, "last arrival %.12f (%.1f)", a[NA - 1], NA / 10.0);
     int mono = a[0] > 0;
@@ -203,10 +203,10 @@ static void test_arrivals(void) {
     double gm = td_lg_mean(gaps, NA), cv = td_lg_std(gaps, NA) / gm;
     CHECK(fabs(gm - 0.1) < 1e-9, "mean gap %.6f", gm);
     CHECK(cv > 0.93 && cv < 1.07, "Poisson gaps: coefficient of variation %.3f (1)", cv);
-    td_lg_rng_seed(&rng, 7);
+    td_rng_seed(&rng, 7);
     td_lg_arrivals(NA, 10.0, 1.0, &rng, b);
     CHECK(!memcmp(a, b, sizeof a), "same seed, same arrivals");
-    td_lg_rng_seed(&rng, 8);
+    td_rng_seed(&rng, 8);
     td_lg_arrivals(NA, 10.0, 1.0, &rng, b);
     CHECK(memcmp(a, b, sizeof a) != 0, "another seed, other arrivals");
     // Burstiness 4: gamma gaps, coefficient of variation 1 / sqrt(4).
@@ -224,7 +224,7 @@ static void test_arrivals(void) {
     // Integers: uniform over [lo, hi] inclusive.
     long counts[10] = {0};
     for (int i = 0; i < N; i++) {
-        long v = td_lg_rng_int(&rng, 5, 14);
+        long v = td_rng_int(&rng, 5, 14);
         if (v >= 5 && v <= 14) counts[v - 5]++;
         else counts[0] = -N;
     }

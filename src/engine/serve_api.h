@@ -1,9 +1,9 @@
-// The only door between the HTTP layer and an inference engine: a generation request, a sink of
+// The only door between the HTTP layer (src/server/) and an inference engine: a generation request, a sink of
 // generation events, and a table of function pointers + ctx (submit, cancel, stats, tokenizer and chat
 // template hooks). The real engine and the test mock both implement it. This file defines shapes and
 // the threading/ownership contract; it does no work itself.
-#ifndef TD_SERVER_SERVE_ENGINE_H
-#define TD_SERVER_SERVE_ENGINE_H
+#ifndef TD_ENGINE_SERVE_API_H
+#define TD_ENGINE_SERVE_API_H
 
 #include <stdbool.h>
 #include <stddef.h>

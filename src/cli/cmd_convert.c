@@ -1,0 +1,222 @@
+// `tandem convert` and `tandem quantize`: thin argument parsing over model/export.h. Exit status 0
+// on success, 1 on a runtime error (message on stderr), 2 on a usage error.
+// Not here: any format logic (export.c, gguf_write.c, safetensors_write.c).
+#include "cli/cmd_convert.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/file.h"
+#include "base/log.h"
+#include "model/export.h"
+#include "model/gguf.h"
+#include "model/model.h"
+
+static void convert_usage(FILE *f) {
+    fprintf(f,
+            "usage: tandem convert MODEL -o OUT.gguf [--type f16|bf16|q8_0|q4_0|f32] [options]\n"
+            "       tandem convert MODEL --to hf -o DIR [--type f32|f16|bf16] [options]\n"
+            "  MODEL                 model directory (config.json + safetensors) or .gguf file\n"
+            "  -o, --out PATH        output GGUF file, or directory with --to hf\n"
+            "  --to gguf|hf          output format (default gguf)\n"
+            "  --type T              tensor type: GGUF f32, f16 (default), bf16, q8_0, q4_0 (matrices;\n"
+            "                        norms and biases stay f32); hf f32 (default), f16, bf16\n"
+            "  --tokenizer PATH      tokenizer directory or tokenizer.json (default: MODEL's own, when\n"
+            "                        MODEL is a directory)\n"
+            "  --name NAME           GGUF general.name (default: the model directory's name)\n"
+            "  --max-shard-size N    hf: split safetensors beyond N bytes (suffixes K, M, G; e.g. 5G)\n");
+}
+
+// Parses "123", "64K", "500M", "5G", "5GB" (powers of 1000, as transformers does) into bytes.
+static int parse_size(const char *s, unsigned long long *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v > 0)) return 0;
+    double mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1e3, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1e6, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1e9, end++;
+    if ((*end == 'B' || *end == 'b') && end[1] == 0) end++;
+    if (*end) return 0;
+    *out = (unsigned long long)(v * mul);
+    return 1;
+}
+
+static const char *base_name(const char *p, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s", p);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = 0;
+    const char *s = strrchr(buf, '/');
+    return s ? s + 1 : buf;
+}
+
+int td_cmd_convert(int argc, char **argv) {
+    const char *model = NULL, *out = NULL, *to = "gguf", *type_s = NULL, *tok = NULL, *name = NULL, *shard = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char **dst = NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            convert_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--out") || !strcmp(a, "--outfile")) dst = &out;
+        else if (!strcmp(a, "--to")) dst = &to;
+        else if (!strcmp(a, "--type") || !strcmp(a, "--outtype")) dst = &type_s;
+        else if (!strcmp(a, "--tokenizer")) dst = &tok;
+        else if (!strcmp(a, "--name")) dst = &name;
+        else if (!strcmp(a, "--max-shard-size")) dst = &shard;
+        else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "tandem convert: unknown option %s\n", a);
+            convert_usage(stderr);
+            return 2;
+        } else if (!model) {
+            model = a;
+            continue;
+        } else {
+            fprintf(stderr, "tandem convert: unexpected argument %s\n", a);
+            return 2;
+        }
+        if (!v) {
+            fprintf(stderr, "tandem convert: %s needs a value\n", a);
+            return 2;
+        }
+        *dst = v;
+        i++;
+    }
+    if (!model || !out) {
+        fprintf(stderr, "tandem convert: %s\n", !model ? "no MODEL given" : "no output given (-o PATH)");
+        convert_usage(stderr);
+        return 2;
+    }
+    bool hf = !strcmp(to, "hf");
+    if (!hf && strcmp(to, "gguf")) {
+        fprintf(stderr, "tandem convert: --to must be gguf or hf, not '%s'\n", to);
+        return 2;
+    }
+    td_export_params p = td_export_default_params();
+    int t = type_s ? td_export_parse_type(type_s) : (hf ? TD_F32 : TD_F16);
+    if (t < 0) {
+        fprintf(stderr, "tandem convert: unknown type '%s' (f32, f16, bf16, q8_0, q4_0)\n", type_s);
+        return 2;
+    }
+    if (hf && t != TD_F32 && t != TD_F16 && t != TD_BF16) {
+        fprintf(stderr, "tandem convert: a model directory holds f32, f16 or bf16, not %s\n", type_s);
+        return 2;
+    }
+    p.type = (td_dtype)t;
+    if (shard) {
+        unsigned long long b;
+        if (!hf || !parse_size(shard, &b)) {
+            fprintf(stderr, "tandem convert: --max-shard-size %s: %s\n", shard,
+                    hf ? "expected a size such as 500M or 5G" : "only applies to --to hf");
+            return 2;
+        }
+        p.max_shard_bytes = b;
+    }
+    if (!td_is_dir(model) && !td_file_exists(model)) {
+        fprintf(stderr, "tandem convert: %s: no such file or directory\n", model);
+        return 1;
+    }
+    char nbuf[1024];
+    p.name = name ? name : base_name(model, nbuf, sizeof nbuf);
+    char tjson[4096];
+    if (tok) p.tokenizer = tok;
+    else if (td_is_dir(model) && td_path_join(tjson, sizeof tjson, model, "tokenizer.json") && td_file_exists(tjson))
+        p.tokenizer = model;
+
+    td_err err = {0};
+    td_model *m = NULL;
+    td_status st = td_model_load(model, &m, &err);
+    if (st) {
+        fprintf(stderr, "tandem convert: %s\n", err.msg);
+        return 1;
+    }
+    double t0 = td_now();
+    if (hf) {
+        if (td_tensor_present(&m->rope_freqs)) {
+            fprintf(stderr, "tandem convert: %s: rope_freqs.weight (llama3 rope scaling) has no config.json form that "
+                    "tandem can recover; convert from the original model directory instead\n", model);
+            td_model_free(m);
+            return 1;
+        }
+        st = td_export_hf(out, &m->cfg, &p, td_export_model_get, m, &err);
+        if (!st && !p.tokenizer && !td_is_dir(model)) {
+            // No tokenizer.json to copy: rebuild one from the GGUF vocabulary when it is byte-level.
+            td_gguf *g = NULL;
+            td_err terr = {0};
+            td_status ts = td_gguf_open(model, &g, &terr);
+            if (!ts) ts = td_export_tokenizer_json(g, out, m->cfg.max_pos, &terr);
+            td_gguf_close(g);
+            if (ts)
+                fprintf(stderr, "tandem convert: note: no tokenizer files written (%s); give --tokenizer DIR to copy "
+                        "them\n", terr.msg);
+        } else if (!st && !p.tokenizer) {
+            fprintf(stderr, "tandem convert: note: no tokenizer files written (give --tokenizer DIR to copy them)\n");
+        }
+    } else {
+        if (!p.tokenizer)
+            fprintf(stderr, "tandem convert: warning: no tokenizer (give --tokenizer); the GGUF will have no "
+                    "vocabulary and llama.cpp will not load it\n");
+        st = td_export_gguf(out, &m->cfg, &p, td_export_model_get, m, &err);
+    }
+    td_model_free(m);
+    if (st) {
+        fprintf(stderr, "tandem convert: %s\n", err.msg);
+        return 1;
+    }
+    fprintf(stderr, "tandem convert: wrote %s (%s, %s) in %.2f s\n", out, hf ? "model directory" : "GGUF",
+            td_dtype_name(p.type), td_now() - t0);
+    return 0;
+}
+
+int td_cmd_quantize(int argc, char **argv) {
+    const char *pos[3] = {0};
+    int np = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: tandem quantize IN.gguf OUT.gguf TYPE\n"
+                   "  TYPE: f32, f16, bf16, q8_0, q4_0. Every tensor is dequantized to f32 and re-encoded:\n"
+                   "  matrices in TYPE, vectors (norms, biases, rope_freqs) in f32. Metadata is copied.\n");
+            return 0;
+        }
+        if (argv[i][0] == '-' && argv[i][1] && strcmp(argv[i], "--allow-requantize")) {
+            fprintf(stderr, "tandem quantize: unknown option %s\n", argv[i]);
+            return 2;
+        }
+        if (!strcmp(argv[i], "--allow-requantize")) continue;  // accepted for llama.cpp compatibility
+        if (np == 3) {
+            fprintf(stderr, "tandem quantize: unexpected argument %s\n", argv[i]);
+            return 2;
+        }
+        pos[np++] = argv[i];
+    }
+    if (np != 3) {
+        fprintf(stderr, "usage: tandem quantize IN.gguf OUT.gguf TYPE\n");
+        return 2;
+    }
+    int t = td_export_parse_type(pos[2]);
+    if (t < 0) {
+        fprintf(stderr, "tandem quantize: unknown type '%s' (f32, f16, bf16, q8_0, q4_0)\n", pos[2]);
+        return 2;
+    }
+    if (!strcmp(pos[0], pos[1])) {
+        fprintf(stderr, "tandem quantize: input and output are the same file\n");
+        return 2;
+    }
+    td_err err = {0};
+    bool was_q = false;
+    double t0 = td_now();
+    td_status st = td_export_requantize(pos[0], pos[1], (td_dtype)t, &was_q, &err);
+    if (st) {
+        fprintf(stderr, "tandem quantize: %s\n", err.msg);
+        return 1;
+    }
+    if (was_q)
+        fprintf(stderr, "tandem quantize: warning: %s was already quantized; its values were quantized twice "
+                "(quantize from an F32/F16/BF16 file for the best quality)\n", pos[0]);
+    fprintf(stderr, "tandem quantize: wrote %s (%s) in %.2f s\n", pos[1], td_dtype_name((td_dtype)t), td_now() - t0);
+    return 0;
+}

@@ -1,0 +1,211 @@
+// `tandem serve [MODEL]`: loads a model and its tokenizer, starts the engine (engine/engine.h) and
+// the OpenAI-compatible HTTP server (server/server.h), and runs until SIGTERM or SIGINT, then stops
+// gracefully (server first, engine second) and exits 0. Not the engine and not the HTTP layer.
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/file.h"
+#include "base/log.h"
+#include "cli/cli.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+#define DEFAULT_MODEL ".cache/ref/llama2"  // until the embedded default model exists
+
+static void serve_usage(FILE *f) {
+    fprintf(f,
+            "usage: tandem serve [MODEL] [options]\n"
+            "  MODEL                    model directory (config.json + safetensors) or .gguf file\n"
+            "                           (default for now: " DEFAULT_MODEL " when present)\n"
+            "  --host ADDR              IPv4 address to bind (default 127.0.0.1)\n"
+            "  --port N                 TCP port (default 8000; 0 = any free port, printed at start)\n"
+            "  --kv-cache-memory BYTES  KV cache budget, suffixes K, M, G allowed (default: a quarter of\n"
+            "                           available memory, at most what --max-seqs full contexts use)\n"
+            "  --max-batched-tokens N   tokens per engine step, decodes and prefill chunks (default 512)\n"
+            "  --max-seqs N             sequences running at once (default 32)\n"
+            "  --max-model-len N        context length (default: the model's)\n"
+            "  --block-size N           tokens per KV block (default 16)\n"
+            "  --served-model-name NAME model id clients use (default: MODEL's last path component)\n"
+            "  --chat-template FILE     Jinja chat template overriding the tokenizer's\n"
+            "  --no-prefix-caching      do not reuse KV of shared prompt prefixes\n"
+            "  --threads N              forward threads (default: all cores)\n"
+            "  --shutdown-timeout S     seconds in-flight requests may finish after SIGTERM (default 5)\n");
+}
+
+typedef struct {
+    const char *model, *host, *name, *chat_template;
+    long port, max_batched, max_seqs, max_len, block_size, threads, shutdown_s;
+    size_t kv_bytes;
+    bool no_prefix;
+} serve_opts;
+
+static int parse_bytes(const char *name, const char *v, size_t *out) {
+    if (!v) return fprintf(stderr, "tandem: %s needs a value\n", name), 0;
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    double mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1024.0 * 1024 * 1024, end++;
+    if (*end == 'i' || *end == 'B') end++;
+    if (*end == 'B') end++;
+    if (errno || end == v || *end || !(x > 0) || x * mul > 1e15)
+        return fprintf(stderr, "tandem: %s expects a positive byte count (e.g. 268435456 or 256M), got '%s'\n", name, v), 0;
+    *out = (size_t)(x * mul);
+    return 1;
+}
+
+static int parse_opts(int argc, char **argv, serve_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8000;
+    o->shutdown_s = 5;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define TAKE() (i++, v)
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            serve_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--host")) {
+            if (!v) return fprintf(stderr, "tandem: --host needs a value\n"), -1;
+            o->host = TAKE();
+        } else if (!strcmp(a, "--port")) {
+            if (!td_arg_int(a, TAKE(), 0, 65535, &o->port)) return -1;
+        } else if (!strcmp(a, "--kv-cache-memory")) {
+            if (!parse_bytes(a, TAKE(), &o->kv_bytes)) return -1;
+        } else if (!strcmp(a, "--max-batched-tokens") || !strcmp(a, "--max-num-batched-tokens")) {
+            if (!td_arg_int(a, TAKE(), 1, 1 << 20, &o->max_batched)) return -1;
+        } else if (!strcmp(a, "--max-seqs") || !strcmp(a, "--max-num-seqs")) {
+            if (!td_arg_int(a, TAKE(), 1, 4096, &o->max_seqs)) return -1;
+        } else if (!strcmp(a, "--max-model-len")) {
+            if (!td_arg_int(a, TAKE(), 2, 1 << 24, &o->max_len)) return -1;
+        } else if (!strcmp(a, "--block-size")) {
+            if (!td_arg_int(a, TAKE(), 1, 1024, &o->block_size)) return -1;
+        } else if (!strcmp(a, "--threads")) {
+            if (!td_arg_int(a, TAKE(), 1, 1024, &o->threads)) return -1;
+        } else if (!strcmp(a, "--shutdown-timeout")) {
+            if (!td_arg_int(a, TAKE(), 0, 3600, &o->shutdown_s)) return -1;
+        } else if (!strcmp(a, "--served-model-name")) {
+            if (!v || !*v) return fprintf(stderr, "tandem: --served-model-name needs a value\n"), -1;
+            o->name = TAKE();
+        } else if (!strcmp(a, "--chat-template")) {
+            if (!v) return fprintf(stderr, "tandem: --chat-template needs a file\n"), -1;
+            o->chat_template = TAKE();
+        } else if (!strcmp(a, "--no-prefix-caching") || !strcmp(a, "--no-enable-prefix-caching")) {
+            o->no_prefix = true;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "tandem serve: unknown option '%s' (see tandem serve --help)\n", a);
+            return -1;
+        } else if (!o->model) {
+            o->model = a;
+        } else {
+            fprintf(stderr, "tandem serve: unexpected argument '%s'\n", a);
+            return -1;
+        }
+#undef TAKE
+    }
+    if (o->max_batched && o->max_seqs && o->max_batched < o->max_seqs)
+        return fprintf(stderr, "tandem serve: --max-batched-tokens must be >= --max-seqs\n"), -1;
+    return 1;
+}
+
+int td_cmd_serve(int argc, char **argv) {
+    serve_opts o;
+    int pr = parse_opts(argc, argv, &o);
+    if (pr <= 0) return pr == 0 ? 0 : 2;
+    if (!o.model) {
+        if (!td_file_exists(DEFAULT_MODEL "/config.json")) {
+            fprintf(stderr, "tandem serve: no MODEL given and no default model (" DEFAULT_MODEL
+                            " is missing; there is no embedded model yet). Usage: tandem serve MODEL\n");
+            return 2;
+        }
+        o.model = DEFAULT_MODEL;
+    }
+
+    // SIGINT/SIGTERM are blocked in every thread (the engine's and MHD's inherit the mask) and
+    // taken synchronously by sigwait below.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    td_err err = {0};
+    td_model *m = NULL;
+    td_tokenizer *tok = NULL;
+    td_eng *eng = NULL;
+    td_server *srv = NULL;
+    char *tmpl = NULL;
+
+    double t0 = td_now();
+    if (td_model_load(o.model, &m, &err) != TD_OK) {
+        fprintf(stderr, "tandem serve: %s\n", err.msg);
+        goto done;
+    }
+    if (td_tokenizer_load(m->tokenizer_path ? m->tokenizer_path : o.model, &tok, &err) != TD_OK) {
+        fprintf(stderr, "tandem serve: cannot load the tokenizer: %s\n", err.msg);
+        goto done;
+    }
+    if (o.chat_template) {
+        size_t len = 0;
+        if (td_read_file(o.chat_template, 1 << 20, &tmpl, &len, &err) != TD_OK) {
+            fprintf(stderr, "tandem serve: --chat-template: %s\n", err.msg);
+            goto done;
+        }
+    }
+    td_eng_params ep = td_eng_default_params();
+    ep.model_name = o.name;
+    ep.kv_cache_bytes = o.kv_bytes;
+    if (o.max_batched) ep.max_batched_tokens = (int)o.max_batched;
+    if (o.max_seqs) ep.max_seqs = (int)o.max_seqs;
+    if (ep.max_batched_tokens < ep.max_seqs) ep.max_batched_tokens = ep.max_seqs;
+    if (o.max_len) ep.max_model_len = (int)o.max_len;
+    if (o.block_size) ep.block_size = (int)o.block_size;
+    ep.enable_prefix_cache = !o.no_prefix;
+    ep.n_threads = (int)o.threads;
+    ep.chat_template = tmpl;
+    if (td_eng_create(m, tok, &ep, &eng, &err) != TD_OK) {
+        fprintf(stderr, "tandem serve: %s\n", err.msg);
+        goto done;
+    }
+    td_server_params sp = td_server_default_params();
+    sp.host = o.host;
+    sp.port = (int)o.port;
+    srv = td_server_start(&sp, td_eng_iface(eng), &err);
+    if (!srv) {
+        fprintf(stderr, "tandem serve: %s\n", err.msg);
+        goto done;
+    }
+    td_engine_info info;
+    td_eng_info(eng, &info);
+    printf("tandem serve: %s (max_model_len %d) listening on http://%s:%d (loaded in %.2f s)\n", info.model_name,
+           info.max_model_len, o.host, td_server_port(srv), td_now() - t0);
+    fflush(stdout);
+
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0) {}
+    TD_LOGI("serve: signal %d: stopping (up to %ld s for in-flight requests)", sig, o.shutdown_s);
+    int cancelled = td_server_stop(srv, (int)(o.shutdown_s * 1000));
+    srv = NULL;
+    if (cancelled) TD_LOGI("serve: cancelled %d in-flight requests", cancelled);
+    rc = 0;
+
+done:
+    if (srv) td_server_stop(srv, 0);
+    td_eng_free(eng);
+    free(tmpl);
+    td_tokenizer_free(tok);
+    td_model_free(m);
+    return rc;
+}

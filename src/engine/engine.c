@@ -1,0 +1,985 @@
+// The serving engine's step loop (see engine.h). One engine thread owns the forward, the pool, the
+// scheduler and every request once it has left the inbox; server threads only touch the inbox,
+// cancel flags and the stats snapshot, all under one mutex. Sink callbacks run on the engine
+// thread without the mutex held.
+#include "engine/engine.h"
+
+#include "base/rng.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/log.h"
+#include "engine/kv_pool.h"
+#include "engine/sampler.h"
+#include "engine/sched.h"
+#include "engine/stop.h"
+#include "kernels/kernels.h"
+#include "model/forward.h"
+#include "tokenizer/chat_template.h"
+
+#define SEQ_SHIFT 6  // seq id = request slot << SEQ_SHIFT | choice (TD_ENG_MAX_N == 1 << SEQ_SHIFT)
+#define TEXT_CAP (1 << 16)
+#define MAX_LOGPROBS 20
+
+typedef struct echoice {
+    td_rng rng;
+    td_stop *stop;
+    td_detok *detok;
+    int generated;  // tokens sampled
+    bool in_sched;  // a live scheduler sequence
+    bool finished;
+} echoice;
+
+typedef struct ereq {
+    struct ereq *next, *prev;  // the `all` list (under mu): from submit to on_done
+    struct ereq *qnext;        // engine-thread lists: pending FCFS queue
+    uint64_t handle;
+    td_gen_request g;  // copy; its pointers stay the server's
+    td_gen_sink sink;
+    td_sampling_params sp;
+    td_logit_bias *bias;  // [g.n_logit_bias]
+    int slot;             // request slot (seq ids), -1 until added to the scheduler
+    int n_open;           // choices not finished
+    bool cancelled;       // set under mu by cancel
+    bool seen_cancel;     // engine thread acted on it
+    bool forked;          // first sample done (children forked)
+    bool scheduled;       // choice 0 was in a step (admitted at least once)
+    bool want_prompt_lp;
+    int prompt_lp_next;   // next prompt position whose logprob event is owed (0: the first token)
+    int completion_tokens, cached_tokens;
+    echoice ch[];         // [g.n]
+} ereq;
+
+typedef struct entry_meta {  // per step entry: where its logits rows are, what it was
+    uint64_t seq;
+    bool needs_logits;
+    int last_pos;
+    int row0, n_rows;
+    bool lp;       // prompt logprob events are owed by this entry's request (choice 0 prefill)
+    int lp_first;  // first position p whose row is a prompt-logprob row (predicts p + 1); -1 none
+} entry_meta;
+
+struct td_eng {
+    td_eng_params p;
+    char *model_name, *chat_src;
+    const td_model *m;
+    const td_tokenizer *tok;
+    td_chat_template *tmpl;
+    char tmpl_err[256];
+    int vocab, max_ctx, kv_dim, n_layers;
+    int32_t eos[TD_MAX_EOS + 1];
+    int n_eos;
+    int64_t created;
+
+    td_forward *fwd;
+    td_kv_pool *pool;
+    td_sched *sched;
+    td_sampler *smp;
+
+    // step scratch, sized at create
+    int32_t *b_tok, *b_pos, *b_seq;  // [max_batched_tokens]
+    uint8_t *b_want;                 // [max_batched_tokens]
+    const int32_t **tables;          // [max_seqs]
+    td_kv_layer *kvl;                // [n_layers]
+    entry_meta *meta;                // [max_seqs]
+    float *logits;                   // [max_batched_tokens, vocab]
+    float *scratch;                  // [vocab]
+    char *text;                      // [TEXT_CAP + TD_STOP_MAX_LEN]
+    char *tail;                      // [TEXT_CAP + 2 * TD_STOP_MAX_LEN]
+    int32_t *top_ids;                // [MAX_LOGPROBS]
+    float *top_lps;
+
+    // request slots (engine thread)
+    ereq **slots;  // [n_req_slots]
+    int *free_slots, n_free_slots, n_req_slots;
+    int sched_seqs, sched_cap;  // scheduler sequences in use / available
+    ereq *pend_head, *pend_tail;
+
+    // shared (mu)
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t th;
+    bool th_started, quit;
+    ereq *all;       // every live request
+    ereq *inbox_head, *inbox_tail;
+    int n_live, n_inbox, n_pending;
+    uint64_t next_handle, n_cancel_req, n_aborted;
+    td_sched_stats sst;
+    td_eng_debug dbg;
+    uint64_t seed_ctr;
+};
+
+td_eng_params td_eng_default_params(void) {
+    return (td_eng_params){.kv_cache_fraction = 0.25,
+                           .block_size = 16,
+                           .max_batched_tokens = 512,
+                           .max_seqs = 32,
+                           .max_waiting = 256,
+                           .max_queue = 4096,
+                           .enable_prefix_cache = true};
+}
+
+// ---- helpers
+
+static size_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}
+
+static bool is_eos(const td_eng *e, int32_t t) {
+    for (int i = 0; i < e->n_eos; i++)
+        if (e->eos[i] == t) return true;
+    return false;
+}
+
+
+static void req_free(ereq *r) {
+    if (!r) return;
+    for (int j = 0; j < r->g.n; j++) {
+        td_stop_free(r->ch[j].stop);
+        td_detok_free(r->ch[j].detok);
+    }
+    free(r->bias);
+    free(r);
+}
+
+// ---- submit / cancel / stats (any thread)
+
+td_status td_eng_submit(td_eng *e, const td_gen_request *g, const td_gen_sink *sink, td_engine_handle *h,
+                        td_err *err) {
+    if (!e || !g || !sink || !sink->on_token || !sink->on_finish || !sink->on_done)
+        return td_err_set(err, TD_ERR_INVALID, "engine: no request or sink");
+    if (g->n < 1 || g->n > TD_ENG_MAX_N)
+        return td_err_set(err, TD_ERR_INVALID, "n must be in [1, %d], got %d", TD_ENG_MAX_N, g->n);
+    if (g->n_prompt < 1 || !g->prompt) return td_err_set(err, TD_ERR_INVALID, "the prompt is empty");
+    if (g->n_prompt >= e->max_ctx)
+        return td_err_set(err, TD_ERR_INVALID,
+                          "the prompt has %d tokens; this model's maximum context length is %d tokens", g->n_prompt,
+                          e->max_ctx);
+    if (g->max_tokens < 1) return td_err_set(err, TD_ERR_INVALID, "max_tokens must be >= 1");
+    for (int i = 0; i < g->n_prompt; i++)
+        if (g->prompt[i] < 0 || g->prompt[i] >= e->vocab)
+            return td_err_set(err, TD_ERR_INVALID, "prompt token %d at position %d is outside the vocabulary (%d)",
+                              g->prompt[i], i, e->vocab);
+    if (g->logprobs > MAX_LOGPROBS || g->prompt_logprobs > MAX_LOGPROBS)
+        return td_err_set(err, TD_ERR_INVALID, "logprobs must be <= %d", MAX_LOGPROBS);
+    if (g->n_logit_bias < 0 || (g->n_logit_bias > 0 && !g->logit_bias))
+        return td_err_set(err, TD_ERR_INVALID, "bad logit_bias");
+    if (g->prompt_logprobs >= 0 && g->n_prompt > e->p.max_batched_tokens * 64)
+        return td_err_set(err, TD_ERR_INVALID, "prompt too long for prompt logprobs");
+
+    ereq *r = calloc(1, sizeof *r + (size_t)g->n * sizeof(echoice));
+    if (!r) return td_err_set(err, TD_ERR_NOMEM, "engine: out of memory");
+    r->g = *g;
+    r->sink = *sink;
+    r->slot = -1;
+    r->n_open = g->n;
+    r->want_prompt_lp = g->prompt_logprobs >= 0;
+    td_sampling_params *sp = &r->sp;
+    *sp = td_sampling_default_params();
+    sp->temperature = g->temperature;
+    sp->top_k = g->top_k;
+    sp->top_p = g->top_p;
+    sp->min_p = g->min_p;
+    sp->repetition_penalty = g->repetition_penalty;
+    sp->presence_penalty = g->presence_penalty;
+    sp->frequency_penalty = g->frequency_penalty;
+    if (g->n_logit_bias > 0) {
+        r->bias = malloc((size_t)g->n_logit_bias * sizeof *r->bias);
+        if (!r->bias) {
+            req_free(r);
+            return td_err_set(err, TD_ERR_NOMEM, "engine: out of memory");
+        }
+        for (int i = 0; i < g->n_logit_bias; i++)
+            r->bias[i] = (td_logit_bias){g->logit_bias[i].token, g->logit_bias[i].bias};
+        sp->logit_bias = r->bias;
+        sp->n_logit_bias = g->n_logit_bias;
+    }
+    td_status st = td_sampling_params_check(sp, e->vocab, err);
+    if (st) {
+        req_free(r);
+        return st;
+    }
+    uint64_t base_seed;
+    pthread_mutex_lock(&e->mu);
+    base_seed = g->has_seed ? g->seed : td_mix64(++e->seed_ctr ^ (uint64_t)time(NULL) << 20);
+    pthread_mutex_unlock(&e->mu);
+    for (int j = 0; j < g->n; j++) {
+        // Choice j's stream depends only on (seed, j): reproducible whatever else runs.
+        td_rng_seed(&r->ch[j].rng, j == 0 ? base_seed : td_mix64(base_seed ^ td_mix64((uint64_t)j)));
+        r->ch[j].stop = td_stop_create(g->stop, NULL, g->n_stop, err);
+        r->ch[j].detok = td_detok_new(e->tok, true);
+        if (!r->ch[j].stop || !r->ch[j].detok) {
+            bool stop_err = !r->ch[j].stop;
+            req_free(r);
+            return stop_err ? (err ? err->status : TD_ERR_INVALID)
+                            : td_err_set(err, TD_ERR_NOMEM, "engine: out of memory");
+        }
+    }
+
+    pthread_mutex_lock(&e->mu);
+    if (e->quit) {
+        pthread_mutex_unlock(&e->mu);
+        req_free(r);
+        return td_err_set(err, TD_ERR_LIMIT, "engine: shutting down");
+    }
+    if (e->n_live >= e->p.max_queue) {
+        pthread_mutex_unlock(&e->mu);
+        req_free(r);
+        return td_err_set(err, TD_ERR_LIMIT, "engine: %d requests queued, try again later", e->p.max_queue);
+    }
+    r->handle = ++e->next_handle;
+    h->v = r->handle;
+    r->next = e->all;
+    if (e->all) e->all->prev = r;
+    e->all = r;
+    e->n_live++;
+    if (e->inbox_tail)
+        e->inbox_tail->qnext = r;
+    else
+        e->inbox_head = r;
+    e->inbox_tail = r;
+    e->n_inbox++;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return TD_OK;
+}
+
+void td_eng_cancel(td_eng *e, td_engine_handle h) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    for (ereq *r = e->all; r; r = r->next)
+        if (r->handle == h.v && !r->cancelled) {
+            r->cancelled = true;
+            e->n_cancel_req++;
+            pthread_cond_signal(&e->cv);
+            break;
+        }
+    pthread_mutex_unlock(&e->mu);
+}
+
+void td_eng_stats(td_eng *e, td_engine_stats *o) {
+    memset(o, 0, sizeof *o);
+    pthread_mutex_lock(&e->mu);
+    o->num_running = e->sst.n_running;
+    o->num_waiting = e->sst.n_waiting + e->n_pending + e->n_inbox;
+    o->kv_cache_usage = e->sst.kv_usage;
+    o->prefix_cache_queries = e->sst.prefix_queries;
+    o->prefix_cache_hits = e->sst.prefix_hits;
+    o->num_preemptions = e->sst.n_preemptions;
+    o->num_aborted = e->n_aborted;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void td_eng_info(td_eng *e, td_engine_info *o) {
+    o->model_name = e->model_name;
+    o->max_model_len = e->max_ctx;
+    o->vocab_size = e->vocab;
+    o->created = e->created;
+}
+
+void td_eng_debug_get(td_eng *e, td_eng_debug *o) {
+    pthread_mutex_lock(&e->mu);
+    *o = e->dbg;
+    o->n_live = e->n_live;
+    pthread_mutex_unlock(&e->mu);
+}
+
+// ---- engine thread: request lifecycle
+
+static uint64_t seq_of(const ereq *r, int j) { return ((uint64_t)r->slot << SEQ_SHIFT) | (uint64_t)j; }
+
+// Ends the request: every choice must be finished. Removes it from `all` first so that a late
+// cancel cannot touch it, then on_done, then frees.
+static void req_done(td_eng *e, ereq *r, td_status st, const char *msg) {
+    if (r->slot >= 0) {
+        e->slots[r->slot] = NULL;
+        e->free_slots[e->n_free_slots++] = r->slot;
+        e->sched_seqs -= r->g.n;
+        r->slot = -1;
+    }
+    pthread_mutex_lock(&e->mu);
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        e->all = r->next;
+    if (r->next) r->next->prev = r->prev;
+    e->n_live--;
+    if (r->seen_cancel) e->n_aborted++;
+    pthread_mutex_unlock(&e->mu);
+    td_gen_usage u = {.prompt_tokens = r->g.n_prompt,
+                      .completion_tokens = r->completion_tokens,
+                      .cached_tokens = r->cached_tokens};
+    r->sink.on_done(r->sink.ctx, &u, st, msg);
+    req_free(r);
+}
+
+// Finishes choice j: the scheduler sequence ends (finish caches its blocks, abort does not).
+static void choice_finish(td_eng *e, ereq *r, int j, td_finish_reason why, const char *tail, size_t tail_len) {
+    echoice *c = &r->ch[j];
+    if (c->finished) return;
+    if (c->in_sched) {
+        if (why == TD_FINISH_ABORT)
+            td_sched_cancel(e->sched, seq_of(r, j));
+        else
+            td_sched_finish(e->sched, seq_of(r, j));
+        c->in_sched = false;
+    }
+    c->finished = true;
+    r->n_open--;
+    r->sink.on_finish(r->sink.ctx, j, why, tail ? tail : "", tail ? tail_len : 0);
+}
+
+// Aborts every open choice and ends the request with status st.
+static void req_abort(td_eng *e, ereq *r, td_status st, const char *msg) {
+    for (int j = 0; j < r->g.n; j++) choice_finish(e, r, j, TD_FINISH_ABORT, NULL, 0);
+    req_done(e, r, st, msg);
+}
+
+// Adds choice 0 of a pending request to the scheduler. Returns false when it must wait (no room).
+static bool req_admit(td_eng *e, ereq *r) {
+    if (e->n_free_slots == 0 || e->sched_seqs + r->g.n > e->sched_cap) return false;
+    r->slot = e->free_slots[--e->n_free_slots];
+    e->slots[r->slot] = r;
+    e->sched_seqs += r->g.n;
+    td_err err = {0};
+    td_status st = td_sched_add(e->sched, seq_of(r, 0), r->g.prompt, r->g.n_prompt, r->g.max_tokens, &err);
+    if (st == TD_ERR_LIMIT && strstr(err.msg, "queue full")) {  // retry later
+        e->slots[r->slot] = NULL;
+        e->free_slots[e->n_free_slots++] = r->slot;
+        e->sched_seqs -= r->g.n;
+        r->slot = -1;
+        return false;
+    }
+    if (st) {
+        req_done(e, r, st, err.msg);
+        return true;
+    }
+    r->ch[0].in_sched = true;
+    if (r->want_prompt_lp) td_sched_set_no_prefix_hit(e->sched, seq_of(r, 0), true);
+    return true;
+}
+
+// ---- engine thread: tokens and events
+
+static void emit_token(td_eng *e, ereq *r, int index, bool prompt, int32_t tok, const char *text, size_t len,
+                       const float *row, int k) {
+    td_top_logprob top[MAX_LOGPROBS];
+    td_gen_token t = {.index = index, .prompt = prompt, .token = tok, .text = text ? text : "", .text_len = len};
+    if (row) {
+        double lse = td_logsumexp(row, e->vocab);
+        t.has_logprob = true;
+        t.logprob = (float)((double)row[tok] - lse);
+        if (k > 0) {
+            td_logprobs_topk(row, e->vocab, lse, k, e->top_ids, e->top_lps);
+            for (int i = 0; i < k; i++) top[i] = (td_top_logprob){e->top_ids[i], e->top_lps[i]};
+            t.top = top;
+            t.n_top = k;
+        }
+    }
+    r->sink.on_token(r->sink.ctx, &t);
+}
+
+// Feeds text through choice c's stop matcher in chunks, appending what may be emitted to out
+// (capacity cap). Returns the bytes written; *stopped as td_stop_feed.
+static size_t stop_feed_all(echoice *c, const char *s, size_t n, char *out, size_t cap, bool *stopped) {
+    size_t o = 0;
+    *stopped = false;
+    const size_t hold = td_stop_max_hold(c->stop);
+    while (n > 0 && !*stopped) {
+        size_t piece = n < TEXT_CAP ? n : TEXT_CAP;
+        if (o + piece + hold > cap) break;  // bounded output: the rest is dropped (absurdly long token)
+        size_t k = td_stop_feed(c->stop, s, piece, out + o, cap - o, stopped, NULL);
+        if (k == (size_t)-1) break;
+        o += k;
+        s += piece;
+        n -= piece;
+    }
+    return o;
+}
+
+// Releases the held-back text of choice c at a length/EOS finish: the detokenizer's tail through
+// the stop matcher, then the matcher's tail. *why becomes STOP if a stop string completes there.
+static size_t final_tail(echoice *c, char *out, size_t cap, td_finish_reason *why) {
+    size_t dl = 0;
+    const char *d = td_detok_flush(c->detok, &dl);
+    bool stopped = false;
+    size_t o = d ? stop_feed_all(c, d, dl, out, cap - TD_STOP_MAX_LEN, &stopped) : 0;
+    if (stopped) {
+        *why = TD_FINISH_STOP;
+        return o;
+    }
+    return o + td_stop_flush(c->stop, out + o, cap - o);
+}
+
+// Samples the next token of choice j from its logits row and handles it: event, finish or append.
+static void choice_sample(td_eng *e, ereq *r, int j, const float *row) {
+    echoice *c = &r->ch[j];
+    const td_seq *q = td_sched_get(e->sched, seq_of(r, j));
+    TD_ASSERT(q != NULL);
+    memcpy(e->scratch, row, (size_t)e->vocab * sizeof(float));
+    int32_t tok = td_sampler_sample(e->smp, &r->sp, e->scratch, q->tokens, q->n_prompt, q->tokens + q->n_prompt,
+                                    q->n_tokens - q->n_prompt, &c->rng);
+    c->generated++;
+    r->completion_tokens++;
+    const float *lp_row = r->g.logprobs >= 0 ? row : NULL;
+    bool stop_tok = !r->g.ignore_eos && is_eos(e, tok);
+    for (int i = 0; i < r->g.n_stop_token_ids && !stop_tok; i++) stop_tok = r->g.stop_token_ids[i] == tok;
+    if (stop_tok) {  // the token is reported, its text is not (as vLLM)
+        emit_token(e, r, j, false, tok, "", 0, lp_row, r->g.logprobs);
+        td_finish_reason why = TD_FINISH_STOP;
+        size_t tl = final_tail(c, e->tail, TEXT_CAP + 2 * TD_STOP_MAX_LEN, &why);
+        choice_finish(e, r, j, TD_FINISH_STOP, e->tail, tl);
+        return;
+    }
+    size_t pl = 0;
+    const char *piece = td_detok_push(c->detok, tok, &pl);
+    bool stopped = false;
+    size_t n = piece ? stop_feed_all(c, piece, pl, e->text, TEXT_CAP + TD_STOP_MAX_LEN, &stopped) : 0;
+    emit_token(e, r, j, false, tok, e->text, n, lp_row, r->g.logprobs);
+    if (stopped) {
+        choice_finish(e, r, j, TD_FINISH_STOP, NULL, 0);
+        return;
+    }
+    if (c->generated >= r->g.max_tokens || q->n_tokens + 1 >= q->capacity || q->n_tokens + 1 >= e->max_ctx) {
+        td_finish_reason why = TD_FINISH_LENGTH;
+        size_t tl = final_tail(c, e->tail, TEXT_CAP + 2 * TD_STOP_MAX_LEN, &why);
+        choice_finish(e, r, j, why, e->tail, tl);
+        return;
+    }
+    td_err err = {0};
+    td_status st = td_sched_append_token(e->sched, seq_of(r, j), tok, &err);
+    TD_ASSERT(st == TD_OK);
+}
+
+// The first logits of a request: fork the other choices off choice 0, then sample each.
+static void req_first_sample(td_eng *e, ereq *r, const float *row) {
+    r->forked = true;
+    for (int j = 1; j < r->g.n; j++) {
+        td_err err = {0};
+        td_status st = td_sched_fork(e->sched, seq_of(r, 0), seq_of(r, j), &err);
+        if (st) {  // cannot happen: slots were reserved at admission; end the request cleanly
+            TD_LOGE("engine: fork failed: %s", err.msg);
+            req_abort(e, r, st, err.msg);
+            return;
+        }
+        r->ch[j].in_sched = true;
+    }
+    for (int j = 0; j < r->g.n; j++) choice_sample(e, r, j, row);
+}
+
+// ---- engine thread: the step
+
+static void snapshot(td_eng *e) {
+    td_sched_stats st;
+    td_sched_stats_get(e->sched, &st);
+    pthread_mutex_lock(&e->mu);
+    e->sst = st;
+    e->dbg.n_blocks = st.n_blocks;
+    e->dbg.n_blocks_free = st.n_blocks_free;
+    e->dbg.n_blocks_evictable = st.n_blocks_evictable;
+    e->dbg.n_blocks_used = st.n_blocks_used;
+    pthread_mutex_unlock(&e->mu);
+}
+
+// Runs one scheduler step and its forward. Returns false when nothing ran.
+static bool step(td_eng *e) {
+    td_sched_out out;
+    td_sched_step(e->sched, &out);
+    if (out.n_entries == 0) return false;
+    const int V = e->vocab;
+    int T = 0, rows = 0;
+    for (int i = 0; i < out.n_entries; i++) {
+        const td_sched_entry *en = &out.entries[i];
+        ereq *r = e->slots[en->seq_id >> SEQ_SHIFT];
+        const int j = (int)(en->seq_id & (TD_ENG_MAX_N - 1));
+        entry_meta *mt = &e->meta[i];
+        mt->row0 = rows;
+        mt->lp_first = -1;
+        if (j == 0 && !r->scheduled) {  // usage counts the first admission's prefix-cache hit
+            r->cached_tokens = en->n_cached_tokens;
+            r->scheduled = true;
+        }
+        // Prompt logprobs: the row at position p predicts prompt token p + 1.
+        const int lp_from = r->prompt_lp_next > 1 ? r->prompt_lp_next - 1 : 0;  // first position wanted
+        const bool lp = r->want_prompt_lp && j == 0 && en->is_prefill && r->prompt_lp_next < r->g.n_prompt;
+        mt->lp = lp;
+        e->tables[i] = en->table.ids;
+        for (int t = 0; t < en->n_tokens; t++, T++) {
+            const int p = en->start_pos + t;
+            e->b_tok[T] = en->tokens[t];
+            e->b_pos[T] = p;
+            e->b_seq[T] = i;
+            bool w = (en->needs_logits && t == en->n_tokens - 1) || (lp && p >= lp_from && p + 1 < r->g.n_prompt);
+            if (lp && p >= lp_from && p + 1 < r->g.n_prompt && mt->lp_first < 0) mt->lp_first = p;
+            e->b_want[T] = w;
+            rows += w;
+        }
+        mt->n_rows = rows - mt->row0;
+    }
+    TD_ASSERT(T == out.n_tokens && T <= e->p.max_batched_tokens && rows <= e->p.max_batched_tokens);
+    // Take what is needed from the entries now: finishing, appending or cancelling a sequence
+    // invalidates the scheduler's output arrays.
+    const int n_entries = out.n_entries;
+    for (int i = 0; i < n_entries; i++) {
+        const td_sched_entry *en = &out.entries[i];
+        e->meta[i].seq = en->seq_id;
+        e->meta[i].needs_logits = en->needs_logits;
+        e->meta[i].last_pos = en->start_pos + en->n_tokens - 1;
+    }
+    td_batch b = {.n_tokens = T, .tokens = e->b_tok, .pos = e->b_pos, .seq_id = e->b_seq, .want_logits = e->b_want};
+    td_err err = {0};
+    td_status st = td_forward_run_kv(e->fwd, &b, e->kvl, e->logits, &err);
+    pthread_mutex_lock(&e->mu);
+    e->dbg.n_steps++;
+    e->dbg.n_batch_tokens += (uint64_t)T;
+    pthread_mutex_unlock(&e->mu);
+    if (st) {  // cancel every request of this step (td_sched_cancel caches nothing)
+        TD_LOGE("engine: forward failed: %s", err.msg);
+        for (int i = 0; i < n_entries; i++) {
+            ereq *r = e->slots[e->meta[i].seq >> SEQ_SHIFT];
+            if (r) req_abort(e, r, st, err.msg);
+        }
+        return true;
+    }
+    for (int i = 0; i < n_entries; i++) {
+        const entry_meta *mt = &e->meta[i];
+        ereq *r = e->slots[mt->seq >> SEQ_SHIFT];
+        if (!r) continue;  // ended earlier in this loop
+        const int j = (int)(mt->seq & (TD_ENG_MAX_N - 1));
+        int row = mt->row0;
+        if (mt->lp && r->prompt_lp_next == 0) {  // the first prompt token has no logprob
+            emit_token(e, r, -1, true, r->g.prompt[0], NULL, 0, NULL, 0);
+            r->prompt_lp_next = 1;
+        }
+        if (mt->lp_first >= 0) {
+            int k = r->g.prompt_logprobs;
+            for (int p = mt->lp_first; p + 1 < r->g.n_prompt && p <= mt->last_pos; p++, row++) {
+                if (p + 1 != r->prompt_lp_next) continue;  // cannot happen: rows are in order
+                emit_token(e, r, -1, true, r->g.prompt[p + 1], NULL, 0, e->logits + (size_t)row * V, k);
+                r->prompt_lp_next++;
+            }
+        }
+        if (!mt->needs_logits) continue;
+        const float *lrow = e->logits + (size_t)(mt->row0 + mt->n_rows - 1) * V;
+        if (!r->forked)
+            req_first_sample(e, r, lrow);
+        else
+            choice_sample(e, r, j, lrow);
+        if (e->slots[mt->seq >> SEQ_SHIFT] == r && r->n_open == 0) req_done(e, r, TD_OK, NULL);
+    }
+    return true;
+}
+
+static void *engine_thread(void *arg) {
+    td_eng *e = arg;
+    uint64_t seen_cancels = 0;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        bool active = e->n_free_slots < e->n_req_slots || e->pend_head;
+        while (!e->quit && !e->inbox_head && !active && e->n_cancel_req == seen_cancels)
+            pthread_cond_wait(&e->cv, &e->mu);
+        bool quit = e->quit;
+        // Take the inbox (FCFS after what is already pending).
+        if (e->inbox_head) {
+            if (e->pend_tail)
+                e->pend_tail->qnext = e->inbox_head;
+            else
+                e->pend_head = e->inbox_head;
+            e->pend_tail = e->inbox_tail;
+            e->n_pending += e->n_inbox;
+            e->inbox_head = e->inbox_tail = NULL;
+            e->n_inbox = 0;
+        }
+        bool scan = quit || e->n_cancel_req != seen_cancels;
+        seen_cancels = e->n_cancel_req;
+        if (scan)
+            for (ereq *r = e->all; r; r = r->next)
+                if (r->cancelled || quit) r->seen_cancel = true;
+        pthread_mutex_unlock(&e->mu);
+
+        if (scan) {  // abort cancelled requests: running ones and pending ones
+            for (int s = 0; s < e->n_req_slots; s++)
+                if (e->slots[s] && e->slots[s]->seen_cancel) req_abort(e, e->slots[s], TD_OK, NULL);
+            ereq **pp = &e->pend_head, *prev = NULL;
+            while (*pp) {
+                ereq *r = *pp;
+                if (r->seen_cancel) {
+                    *pp = r->qnext;
+                    if (e->pend_tail == r) e->pend_tail = prev;
+                    pthread_mutex_lock(&e->mu);
+                    e->n_pending--;
+                    pthread_mutex_unlock(&e->mu);
+                    req_abort(e, r, TD_OK, NULL);
+                } else {
+                    prev = r;
+                    pp = &r->qnext;
+                }
+            }
+        }
+        if (quit && !e->pend_head && e->n_free_slots == e->n_req_slots) {
+            pthread_mutex_lock(&e->mu);
+            bool empty = !e->inbox_head;
+            pthread_mutex_unlock(&e->mu);
+            if (empty) break;
+            continue;
+        }
+        // Admit pending requests in order while the scheduler has room.
+        while (e->pend_head) {
+            ereq *r = e->pend_head, *next = r->qnext;
+            if (!req_admit(e, r)) break;  // (r may be freed now: an admission error ends it)
+            e->pend_head = next;
+            if (!e->pend_head) e->pend_tail = NULL;
+            pthread_mutex_lock(&e->mu);
+            e->n_pending--;
+            pthread_mutex_unlock(&e->mu);
+        }
+        bool ran = step(e);
+        if (e->p.debug_checks) {
+            td_err err = {0};
+            if (td_sched_check(e->sched, &err) != TD_OK) {
+                pthread_mutex_lock(&e->mu);
+                if (e->dbg.n_check_failures++ == 0) snprintf(e->dbg.check_msg, sizeof e->dbg.check_msg, "%.150s", err.msg);
+                pthread_mutex_unlock(&e->mu);
+            }
+        }
+        snapshot(e);
+        if (!ran) {  // live sequences but nothing runnable (should not happen): do not spin
+            pthread_mutex_lock(&e->mu);
+            if (!e->inbox_head && e->n_cancel_req == seen_cancels && !e->quit &&
+                (e->n_free_slots < e->n_req_slots || e->pend_head)) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 2000000;
+                if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+                pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+            }
+            pthread_mutex_unlock(&e->mu);
+        }
+    }
+    return NULL;
+}
+
+// ---- iface glue
+
+static void i_info(void *ctx, td_engine_info *o) { td_eng_info(ctx, o); }
+static td_status i_submit(void *ctx, const td_gen_request *g, const td_gen_sink *s, td_engine_handle *h,
+                          td_err *err) {
+    return td_eng_submit(ctx, g, s, h, err);
+}
+static void i_cancel(void *ctx, td_engine_handle h) { td_eng_cancel(ctx, h); }
+static void i_stats(void *ctx, td_engine_stats *o) { td_eng_stats(ctx, o); }
+
+static int i_tokenize(void *ctx, const char *text, size_t len, bool add_special, int32_t *ids, int cap,
+                      td_err *err) {
+    td_eng *e = ctx;
+    td_tokens t = {0};
+    if (td_tokenizer_encode(e->tok, text, len, add_special, &t, err) != TD_OK) return -1;
+    if (t.n > (size_t)(1 << 30)) {
+        td_tokens_free(&t);
+        td_err_set(err, TD_ERR_LIMIT, "text too long");
+        return -1;
+    }
+    int n = (int)t.n;
+    if (ids && cap > 0) memcpy(ids, t.ids, (size_t)(n < cap ? n : cap) * sizeof(int32_t));
+    td_tokens_free(&t);
+    return n;
+}
+
+static long i_detokenize(void *ctx, const int32_t *ids, int n, char *out, size_t cap, td_err *err) {
+    td_eng *e = ctx;
+    char *s = NULL;
+    size_t len = 0;
+    if (td_tokenizer_decode(e->tok, ids, (size_t)(n > 0 ? n : 0), false, &s, &len, err) != TD_OK) return -1;
+    if (out && cap) memcpy(out, s, len < cap ? len : cap);
+    free(s);
+    return (long)len;
+}
+
+// Joins text parts ([{type: text, text}]) into one string, as vLLM does for string templates.
+static cJSON *normalize_messages(const cJSON *messages) {
+    cJSON *m = cJSON_Duplicate(messages, 1);
+    if (!m) return NULL;
+    for (cJSON *msg = m->child; msg; msg = msg->next) {
+        cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
+        if (!cJSON_IsArray(c)) continue;
+        size_t n = 0;
+        for (cJSON *p = c->child; p; p = p->next) {
+            cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "text");
+            if (cJSON_IsString(t)) n += strlen(t->valuestring);
+        }
+        char *s = malloc(n + 1);
+        if (!s) {
+            cJSON_Delete(m);
+            return NULL;
+        }
+        n = 0;
+        for (cJSON *p = c->child; p; p = p->next) {
+            cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "text");
+            if (cJSON_IsString(t)) {
+                size_t k = strlen(t->valuestring);
+                memcpy(s + n, t->valuestring, k);
+                n += k;
+            }
+        }
+        s[n] = 0;
+        cJSON_ReplaceItemInObjectCaseSensitive(msg, "content", cJSON_CreateString(s));
+        free(s);
+    }
+    return m;
+}
+
+static td_status i_chat(void *ctx, const cJSON *messages, const cJSON *body, bool add_gen, char **out, size_t *len,
+                        td_err *err) {
+    td_eng *e = ctx;
+    *out = NULL;
+    if (!e->tmpl)
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "%s",
+                          e->tmpl_err[0] ? e->tmpl_err
+                                         : "this model has no chat template; start the server with --chat-template FILE");
+    cJSON *c = cJSON_CreateObject();
+    cJSON *msgs = normalize_messages(messages);
+    if (!c || !msgs) {
+        cJSON_Delete(c);
+        cJSON_Delete(msgs);
+        return td_err_set(err, TD_ERR_NOMEM, "out of memory");
+    }
+    cJSON_AddItemToObject(c, "messages", msgs);
+    cJSON_AddBoolToObject(c, "add_generation_prompt", add_gen);
+    const char *bos = td_tokenizer_bos_token(e->tok), *eos = td_tokenizer_eos_token(e->tok);
+    cJSON_AddStringToObject(c, "bos_token", bos ? bos : "");
+    cJSON_AddStringToObject(c, "eos_token", eos ? eos : "");
+    const char *extra[] = {"tools", "documents"};
+    for (int i = 0; i < 2 && body; i++) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(body, extra[i]);
+        if (x && !cJSON_IsNull(x)) cJSON_AddItemToObject(c, extra[i], cJSON_Duplicate(x, 1));
+    }
+    const cJSON *kw = body ? cJSON_GetObjectItemCaseSensitive(body, "chat_template_kwargs") : NULL;
+    if (cJSON_IsObject(kw))
+        for (const cJSON *x = kw->child; x; x = x->next)
+            if (x->string && !cJSON_GetObjectItemCaseSensitive(c, x->string))
+                cJSON_AddItemToObject(c, x->string, cJSON_Duplicate(x, 1));
+    td_status st = td_chat_template_render(e->tmpl, c, out, len, err);
+    cJSON_Delete(c);
+    return st;
+}
+
+static const td_engine_iface eng_iface = {
+    .info = i_info,
+    .submit = i_submit,
+    .cancel = i_cancel,
+    .stats = i_stats,
+    .tokenize = i_tokenize,
+    .detokenize = i_detokenize,
+    .apply_chat_template = i_chat,
+};
+
+td_engine td_eng_iface(td_eng *e) { return (td_engine){.vt = &eng_iface, .ctx = e}; }
+
+// ---- create / free
+
+td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng_params *pp, td_eng **out,
+                        td_err *err) {
+    *out = NULL;
+    if (!m || !tok) return td_err_set(err, TD_ERR_INVALID, "engine: a model and a tokenizer are required");
+    td_eng_params p = pp ? *pp : td_eng_default_params();
+    if (p.block_size <= 0) p.block_size = 16;
+    if (p.max_seqs <= 0) p.max_seqs = 32;
+    if (p.max_batched_tokens <= 0) p.max_batched_tokens = 512;
+    if (p.max_batched_tokens < p.max_seqs)
+        return td_err_set(err, TD_ERR_INVALID, "engine: max_batched_tokens %d must be >= max_seqs %d",
+                          p.max_batched_tokens, p.max_seqs);
+    if (p.max_waiting <= 0) p.max_waiting = 256;
+    if (p.max_queue <= 0) p.max_queue = 4096;
+    if (!(p.kv_cache_fraction > 0 && p.kv_cache_fraction <= 1)) p.kv_cache_fraction = 0.25;
+    const td_model_config *c = &m->cfg;
+    if (td_tokenizer_vocab_size(tok) > c->vocab_size)
+        TD_LOGW("engine: the tokenizer knows %d ids, the model %d; ids beyond the model are rejected",
+                td_tokenizer_vocab_size(tok), c->vocab_size);
+
+    td_eng *e = calloc(1, sizeof *e);
+    if (!e) return td_err_set(err, TD_ERR_NOMEM, "engine: out of memory");
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->m = m;
+    e->tok = tok;
+    e->vocab = c->vocab_size;
+    e->n_layers = c->n_layers;
+    e->kv_dim = c->n_kv_heads * c->head_dim;
+    e->created = (int64_t)time(NULL);
+    td_status st = TD_OK;
+    for (int i = 0; i < c->n_eos; i++) e->eos[e->n_eos++] = c->eos_ids[i];
+    int teos = td_tokenizer_eos_id(tok);
+    if (teos >= 0 && !is_eos(e, teos)) e->eos[e->n_eos++] = teos;
+
+    // Name.
+    const char *name = p.model_name;
+    char buf[256];
+    if (!name) {
+        const char *path = m->path ? m->path : "model";
+        size_t n = strlen(path);
+        while (n > 1 && path[n - 1] == '/') n--;
+        size_t b0 = n;
+        while (b0 > 0 && path[b0 - 1] != '/') b0--;
+        snprintf(buf, sizeof buf, "%.*s", (int)(n - b0), path + b0);
+        name = buf;
+    }
+    e->model_name = strdup(name);
+    if (!e->model_name) {
+        st = td_err_set(err, TD_ERR_NOMEM, "engine: out of memory");
+        goto fail;
+    }
+
+    // Chat template.
+    const char *src = p.chat_template ? p.chat_template : td_tokenizer_chat_template(tok);
+    if (src) {
+        td_err terr = {0};
+        if (td_chat_template_compile(src, strlen(src), &e->tmpl, &terr) != TD_OK) {
+            if (p.chat_template) {
+                st = td_err_set(err, TD_ERR_INVALID, "engine: --chat-template: %s", terr.msg);
+                goto fail;
+            }
+            TD_LOGW("engine: the model's chat template does not compile: %s", terr.msg);
+            snprintf(e->tmpl_err, sizeof e->tmpl_err, "the model's chat template does not compile: %.200s", terr.msg);
+        }
+    }
+
+    // Context and KV pool.
+    int max_ctx = p.max_model_len > 0 ? p.max_model_len : (c->max_pos > 0 ? c->max_pos : 4096);
+    if (p.max_model_len > 0 && c->max_pos > 0 && p.max_model_len > c->max_pos) {
+        st = td_err_set(err, TD_ERR_INVALID, "engine: max_model_len %d exceeds the model's max_position_embeddings %d",
+                        p.max_model_len, c->max_pos);
+        goto fail;
+    }
+    td_kv_pool_params kp = td_kv_pool_default_params();
+    kp.block_size = p.block_size;
+    kp.n_layers = c->n_layers;
+    kp.n_kv_heads = c->n_kv_heads;
+    kp.head_dim = c->head_dim;
+    kp.dtype = TD_F32;
+    kp.alloc_data = true;
+    size_t bpb = td_kv_pool_bytes_per_block(&kp);
+    if (!bpb) {
+        st = td_err_set(err, TD_ERR_INVALID, "engine: bad KV dimensions");
+        goto fail;
+    }
+    if (p.kv_blocks > 0) {
+        kp.n_blocks = p.kv_blocks;
+    } else if (p.kv_cache_bytes > 0) {
+        kp.budget_bytes = p.kv_cache_bytes;
+    } else {
+        size_t avail = mem_available();
+        size_t budget = (size_t)((double)avail * p.kv_cache_fraction);
+        size_t useful = (size_t)p.max_seqs * (((size_t)max_ctx + (size_t)p.block_size - 1) / (size_t)p.block_size) * bpb;
+        if (budget == 0 || budget > useful) budget = useful;
+        kp.budget_bytes = budget;
+    }
+    if ((st = td_kv_pool_create(&kp, &e->pool, err))) goto fail;
+    const int n_blocks = td_kv_pool_n_blocks(e->pool);
+    if ((int64_t)n_blocks * p.block_size < max_ctx) {
+        TD_LOGW("engine: the KV pool holds %d tokens; max_model_len lowered from %d", n_blocks * p.block_size, max_ctx);
+        max_ctx = n_blocks * p.block_size;
+    }
+    e->max_ctx = max_ctx;
+
+    td_forward_params fp = td_forward_default_params();
+    fp.max_batch_tokens = p.max_batched_tokens;
+    fp.max_seqs = p.max_seqs;
+    fp.max_ctx = max_ctx;
+    fp.n_threads = p.n_threads;
+    fp.external_kv = true;
+    if ((st = td_forward_create(m, &fp, &e->fwd, err))) goto fail;
+
+    td_sched_params sp = td_sched_default_params();
+    sp.max_batched_tokens = p.max_batched_tokens;
+    sp.max_seqs = p.max_seqs;
+    sp.max_waiting = p.max_waiting;
+    sp.max_ctx = max_ctx;
+    sp.enable_prefix_cache = p.enable_prefix_cache;
+    if ((st = td_sched_create(&sp, e->pool, &e->sched, err))) goto fail;
+    e->sched_cap = p.max_seqs + p.max_waiting;
+    e->n_req_slots = e->sched_cap;
+
+    const size_t T = (size_t)p.max_batched_tokens, V = (size_t)e->vocab;
+    e->b_tok = malloc(T * sizeof(int32_t));
+    e->b_pos = malloc(T * sizeof(int32_t));
+    e->b_seq = malloc(T * sizeof(int32_t));
+    e->b_want = malloc(T);
+    e->tables = calloc((size_t)p.max_seqs, sizeof *e->tables);
+    e->kvl = calloc((size_t)c->n_layers, sizeof *e->kvl);
+    e->meta = calloc((size_t)p.max_seqs, sizeof *e->meta);
+    e->logits = T * V <= SIZE_MAX / sizeof(float) ? malloc(T * V * sizeof(float)) : NULL;
+    e->scratch = malloc(V * sizeof(float));
+    e->text = malloc(TEXT_CAP + TD_STOP_MAX_LEN);
+    e->tail = malloc(TEXT_CAP + 2 * TD_STOP_MAX_LEN);
+    e->top_ids = malloc(MAX_LOGPROBS * sizeof(int32_t));
+    e->top_lps = malloc(MAX_LOGPROBS * sizeof(float));
+    e->slots = calloc((size_t)e->n_req_slots, sizeof *e->slots);
+    e->free_slots = malloc((size_t)e->n_req_slots * sizeof(int));
+    e->smp = td_sampler_create(e->vocab);
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->tables || !e->kvl || !e->meta || !e->logits ||
+        !e->scratch || !e->text || !e->tail || !e->top_ids || !e->top_lps || !e->slots || !e->free_slots || !e->smp) {
+        st = td_err_set(err, TD_ERR_NOMEM, "engine: out of memory (logits %zu MiB)", T * V * 4 >> 20);
+        goto fail;
+    }
+    for (int i = 0; i < e->n_req_slots; i++) e->free_slots[i] = e->n_req_slots - 1 - i;
+    e->n_free_slots = e->n_req_slots;
+    for (int l = 0; l < c->n_layers; l++)
+        e->kvl[l] = (td_kv_layer){.k = td_kv_pool_layer_k(e->pool, l),
+                                  .v = td_kv_pool_layer_v(e->pool, l),
+                                  .block_table = e->tables,
+                                  .block_size = p.block_size,
+                                  .kv_dim = e->kv_dim};
+    e->p = p;
+    e->p.model_name = e->model_name;
+    e->p.chat_template = NULL;
+    e->dbg.block_size = p.block_size;
+    e->dbg.max_model_len = max_ctx;
+    snapshot(e);
+    if (pthread_create(&e->th, NULL, engine_thread, e) != 0) {
+        st = td_err_set(err, TD_ERR_IO, "engine: cannot start the engine thread");
+        goto fail;
+    }
+    e->th_started = true;
+    TD_LOGI("engine: %s: %d KV blocks of %d tokens (%zu MiB), max_model_len %d, max_seqs %d, "
+            "max_batched_tokens %d, prefix cache %s",
+            e->model_name, n_blocks, p.block_size, (size_t)n_blocks * bpb >> 20, max_ctx, p.max_seqs,
+            p.max_batched_tokens, p.enable_prefix_cache ? "on" : "off");
+    *out = e;
+    return TD_OK;
+fail:
+    td_eng_free(e);
+    return st;
+}
+
+void td_eng_free(td_eng *e) {
+    if (!e) return;
+    if (e->th_started) {
+        pthread_mutex_lock(&e->mu);
+        e->quit = true;
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->th, NULL);
+    }
+    td_sched_free(e->sched);
+    td_kv_pool_free(e->pool);
+    td_forward_free(e->fwd);
+    td_sampler_free(e->smp);
+    td_chat_template_free(e->tmpl);
+    free(e->b_tok), free(e->b_pos), free(e->b_seq), free(e->b_want), free(e->tables), free(e->kvl);
+    free(e->meta), free(e->logits), free(e->scratch), free(e->text), free(e->tail), free(e->top_ids);
+    free(e->top_lps), free(e->slots), free(e->free_slots), free(e->model_name);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
