@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/rng.h"
 #include "kernels/backward.h"
 #include "kernels/kernels.h"
 #include "train/gemm.h"
@@ -546,19 +547,9 @@ void td_tmodel_zero_grad(td_tmodel *tm) { memset(tm->grads, 0, tm->n_params * si
 
 // ------------------------------------------------------------------ initialisation and loading
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s) {
-    return ((splitmix(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
 void td_tmodel_init_random(td_tmodel *tm, uint64_t seed, float std) {
-    uint64_t s = seed;
+    td_rng r;
+    td_rng_seed(&r, seed);
     for (int i = 0; i < tm->n_tensors; i++) {
         const td_tparam *t = &tm->tensors[i];
         const size_t n = (size_t)t->rows * t->cols;
@@ -570,9 +561,8 @@ void td_tmodel_init_random(td_tmodel *tm, uint64_t seed, float std) {
                 t->data[j] = 1.0f;
             } else if (is_bias) {
                 t->data[j] = 0.0f;
-            } else {  // Box-Muller
-                const double u1 = uniform01(&s), u2 = uniform01(&s);
-                t->data[j] = (float)(std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+            } else {
+                t->data[j] = (float)(std * td_rng_normal(&r));
             }
         }
     }
