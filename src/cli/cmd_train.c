@@ -118,6 +118,15 @@ int td_cmd_train(int argc, char **argv) {
             }
             i++;
         }
+        else if (!strcmp(a, "--metrics")) {
+            if (!v || !*v) {
+                fprintf(stderr, "tandem: --metrics needs a value\n");
+                ok = 0;
+            } else {
+                p.metrics_path = v;
+            }
+            i++;
+        }
         else if (!strcmp(a, "--model") || !strcmp(a, "--out")) {
             if (!v || !*v) {
                 fprintf(stderr, "tandem: %s needs a value\n", a);

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "model/model.h"
 #include "train/ckpt.h"
+#include "train/eval.h"
 #include "train/loader.h"
 
 td_train_run_params td_train_run_default_params(void) {
@@ -179,11 +180,12 @@ static td_status evaluate(const td_train_run_params *p, td_tmodel *tm, td_loader
             memcpy(tok + (size_t)b * T, win + (size_t)b * (T + 1), (size_t)T * sizeof *tok);
             memcpy(tgt + (size_t)b * T, win + (size_t)b * (T + 1) + 1, (size_t)T * sizeof *tgt);
         }
-        double s = 0.0;
-        int n = 0;
-        st = td_tmodel_forward(tm, tok, tgt, &s, &n, err);
-        sum += s;
-        cnt += n;
+        // The per-token loss of `tandem eval` (train/eval.h) on the trainer's own logits.
+        if ((st = td_tmodel_forward(tm, tok, NULL, NULL, NULL, err))) break;
+        const float *lg = td_tmodel_logits(tm);
+        const int V = td_tmodel_config(tm)->vocab_size;
+        for (size_t i = 0; i < (size_t)B * T; i++) sum += td_eval_token_nll(lg + i * V, V, tgt[i]);
+        cnt += (long)B * T;
     }
     *mean = cnt ? sum / (double)cnt : NAN;
     return st;
@@ -209,6 +211,8 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
     td_tmodel *tm = NULL;
     td_trainer *tr = NULL;
     int32_t *win = NULL, *tok = NULL, *tgt = NULL;
+    FILE *metrics = NULL;
+    const double t_start = td_now();
     td_status st = td_loader_open(&lp, &ld, err);
     if (st) return st;
     if (p->val_shards && p->n_val_shards > 0 && p->eval_batches > 0) {
@@ -262,6 +266,10 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         st = td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
         goto done;
     }
+    if (p->metrics_path && !(metrics = fopen(p->metrics_path, "a"))) {
+        st = td_err_set(err, TD_ERR_IO, "train: cannot open %s for appending", p->metrics_path);
+        goto done;
+    }
     size_t np;
     td_tmodel_params_buf(tm, &np);
     if (p->log)
@@ -298,15 +306,27 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
             goto done;
         }
         const int last = s + 1 == p->steps;
-        if (vl && ((p->eval_every > 0 && (s + 1) % p->eval_every == 0) || last)) {
+        const int eval = vl && ((p->eval_every > 0 && (s + 1) % p->eval_every == 0) || last);
+        if (eval) {
             if ((st = evaluate(p, tm, vl, &vstart, win, tok, tgt, &res.val_loss, err))) goto done;
             if (p->log) fprintf(p->log, "val %ld | loss %.4f\n", ss.step + 1, res.val_loss);
+        }
+        if (metrics) {  // JSON lines for `tandem plot` (docs/eval.md)
+            fprintf(metrics,
+                    "{\"step\":%ld,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
+                    "\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f",
+                    ss.step + 1, ss.loss, (double)ss.lr, ss.grad_norm,
+                    dt > 0 ? (double)(N * K) / dt : 0.0, td_now() - t_start);
+            if (eval) fprintf(metrics, ",\"val_loss\":%.6f", res.val_loss);
+            fputs("}\n", metrics);
+            fflush(metrics);
         }
         if (p->out_dir && ((p->ckpt_every > 0 && (s + 1) % p->ckpt_every == 0) || last) &&
             (st = save(p, tm, tr, ld, err)))
             goto done;
     }
 done:
+    if (metrics) fclose(metrics);
     free(win);
     free(tok);
     free(tgt);

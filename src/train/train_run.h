@@ -33,6 +33,7 @@ typedef struct td_train_run_params {
     int n_val_shards;
     long eval_every;   // steps between evaluations (and one at the end); <= 0: only the end
     int eval_batches;  // batches of B x T per evaluation, from the start of the val shards (8)
+    const char *metrics_path;  // JSON lines appended per step (`tandem plot`); NULL: none
 } td_train_run_params;
 
 // Defaults: a small llama (dim 128, 4 layers, 4 heads, ffn 384, tied), batch 4 x 128, accumulation
@@ -48,7 +49,9 @@ typedef struct td_train_run_result {
 } td_train_run_result;
 
 // Runs the loop. Progress: "step S/N | loss L | lr R | norm G | T tok/s", and "val S | loss L"
-// after evaluations (the same first eval_batches windows every time, in order, no shuffling).
+// after evaluations (the same first eval_batches windows every time, in order, no shuffling; the
+// per-token loss of td_eval_token_nll, as `tandem eval`). metrics_path gets one JSON object per
+// step: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"[, "val_loss"]}.
 // A checkpoint holds every parameter by HF name ("param.<name>", f32), the AdamW moments
 // ("adam.m", "adam.v", flat) and metadata {"step", "loader", "seed", "config": {HF config.json
 // keys}}; resuming restores them and the data position, so a run cut at a checkpoint and resumed

@@ -10,6 +10,7 @@
 #include "test_util.h"
 #include "train/ckpt.h"
 #include "train/gemm.h"
+#include "train/plot.h"
 #include "train/shards.h"
 #include "train/train_run.h"
 
@@ -63,8 +64,11 @@ int main(void) {
     const char *vals[] = {val};
 
     // Learns; the validation loss falls too.
+    char mpath[300];
+    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", dir);
     td_train_run_params p = tiny(shards, 1);
     p.val_shards = vals, p.n_val_shards = 1, p.eval_every = 20, p.eval_batches = 4;
+    p.metrics_path = mpath;
     td_train_run_result r;
     CHECK(td_train_run(&p, &r, &err) == TD_OK, "run: %s", err.msg);
     printf("fp32: loss %.4f -> %.4f in %ld steps, val %.4f\n", r.first_loss, r.last_loss,
@@ -72,6 +76,20 @@ int main(void) {
     CHECK(r.steps_done == 40 && r.first_loss > 3.0 && r.last_loss < 1.0, "loss %g -> %g",
           r.first_loss, r.last_loss);
     CHECK(r.val_loss < 1.0, "val loss %g", r.val_loss);
+    // The metrics log, read by `tandem plot`'s reader: 40 steps, validation at 20 and 40.
+    const char *metrics[] = {"loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"};
+    td_plot_log *lg = NULL;
+    CHECK(td_plot_log_read(mpath, metrics, 6, &lg, &err) == TD_OK, "metrics: %s", err.msg);
+    if (lg) {
+        CHECK(lg->lines == 40 && lg->malformed == 0 && lg->n[0] == 40 && lg->n[1] == 2 &&
+                  lg->n[2] == 40 && lg->n[3] == 40 && lg->n[4] == 40 && lg->n[5] == 40,
+              "metrics: %zu lines, %zu malformed, %zu losses, %zu val", lg->lines, lg->malformed,
+              lg->n[0], lg->n[1]);
+        CHECK(lg->n[1] == 2 && lg->x[1][0] == 20 && lg->x[1][1] == 40 &&
+                  fabs(lg->y[1][1] - r.val_loss) < 1e-5 && fabs(lg->y[0][39] - r.last_loss) < 1e-5,
+              "metrics values");
+    }
+    td_plot_log_free(lg);
 
     // bf16, recomputation, accumulation 2.
     p = tiny(shards, 1);
