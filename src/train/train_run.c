@@ -41,6 +41,60 @@ td_train_run_params td_train_run_default_params(void) {
     return p;
 }
 
+// The model's hyper-parameters as an HF config.json object (what td_config_from_hf_json reads).
+static cJSON *config_json(const td_model_config *c) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model_type", td_arch_name(c->arch));
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(o, "hidden_size", c->dim);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_heads);
+    cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
+    cJSON_AddNumberToObject(o, "intermediate_size", c->ffn_dim);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_pos);
+    cJSON_AddNumberToObject(o, "rms_norm_eps", c->norm_eps);
+    cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_embeddings);
+    if (c->rope_scaling != TD_ROPE_SCALING_NONE) {
+        cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+        const int l3 = c->rope_scaling == TD_ROPE_SCALING_LLAMA3;
+        cJSON_AddStringToObject(rs, "rope_type", l3 ? "llama3" : "linear");
+        cJSON_AddNumberToObject(rs, "factor", c->rope_factor);
+        if (l3) {
+            cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_low_freq_factor);
+            cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq_factor);
+            cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_orig_max_pos);
+        }
+    }
+    if (c->bos_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", c->bos_id);
+    if (c->n_eos > 0) cJSON_AddNumberToObject(o, "eos_token_id", c->eos_ids[0]);
+    return o;
+}
+
+td_status td_train_ckpt_config(const td_ckpt *ck, td_model_config *out, td_err *err) {
+    cJSON *root = cJSON_Parse(td_ckpt_meta(ck));
+    const cJSON *c = root ? cJSON_GetObjectItemCaseSensitive(root, "config") : NULL;
+    char *text = cJSON_IsObject(c) ? cJSON_PrintUnformatted(c) : NULL;
+    cJSON_Delete(root);
+    if (!text) return td_err_set(err, TD_ERR_FORMAT, "checkpoint: metadata has no config object");
+    td_model_config_init(out);
+    td_status st = td_config_from_hf_json(out, text, strlen(text), "checkpoint config", err);
+    free(text);
+    return st;
+}
+
+td_status td_train_ckpt_get(void *ctx, const char *hf_name, float *dst, int64_t n, td_err *err) {
+    char nm[128];
+    snprintf(nm, sizeof nm, "param.%s", hf_name);
+    const td_ckpt_tensor *t = td_ckpt_find((const td_ckpt *)ctx, nm);
+    if (!t || t->dtype != TD_F32 || t->nbytes != (size_t)n * sizeof(float))
+        return td_err_set(err, TD_ERR_NOT_FOUND, "checkpoint: no f32 tensor %s of %lld elements",
+                          nm, (long long)n);
+    memcpy(dst, t->data, t->nbytes);
+    return TD_OK;
+}
+
 // Writes params, AdamW state and metadata as dir/ckpt-<step + 1>.tdck (the number of steps done).
 static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *tr, td_loader *ld,
                       td_err *err) {
@@ -77,24 +131,29 @@ static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *t
                                   .shape = {(int64_t)n},
                                   .data = td_adamw_v(o),
                                   .nbytes = n * sizeof(float)};
-    char pos[160], meta[1200];
+    char pos[160];
     td_loader_pos lp = td_loader_tell(ld);
     td_loader_pos_format(&lp, pos, sizeof pos);
     const long steps = td_trainer_step_count(tr);
-    const td_model_config *c = td_tmodel_config(tm);
-    snprintf(meta, sizeof meta,
-             "{\"step\":%ld,\"loader\":%s,\"seed\":\"%016" PRIx64
-             "\",\"config\":{\"model_type\":\"%s\",\"vocab_size\":%d,\"hidden_size\":%d,"
-             "\"num_hidden_layers\":%d,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,"
-             "\"head_dim\":%d,\"intermediate_size\":%d,\"rms_norm_eps\":%g,\"rope_theta\":%g,"
-             "\"tie_word_embeddings\":%s,\"max_position_embeddings\":%d}}",
-             steps, pos, p->seed, td_arch_name(c->arch), c->vocab_size, c->dim, c->n_layers,
-             c->n_heads, c->n_kv_heads, c->head_dim, c->ffn_dim, (double)c->norm_eps,
-             (double)c->rope_theta, c->tie_embeddings ? "true" : "false", c->max_pos);
+    char seed[20];
+    snprintf(seed, sizeof seed, "%016" PRIx64, p->seed);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddNumberToObject(root, "step", (double)steps);
+    cJSON_AddItemToObject(root, "loader", cJSON_Parse(pos));
+    cJSON_AddStringToObject(root, "seed", seed);
+    cJSON_AddItemToObject(root, "config", config_json(td_tmodel_config(tm)));
+    char *meta = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!meta) {
+        free(ts);
+        free(names);
+        return td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
+    }
     char path[1024];
     td_status st =
         td_ckpt_dir_save(p->out_dir, steps, ts, nt + 2, meta, p->keep, path, sizeof path, err);
     if (st == TD_OK && p->log) fprintf(p->log, "checkpoint %s\n", path);
+    free(meta);
     free(ts);
     free(names);
     return st;

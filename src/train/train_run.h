@@ -62,4 +62,11 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
 // checkpoint written by td_train_run and copies its parameters into tm (same layout).
 td_status td_train_load_ckpt_params(td_tmodel *tm, const char *ckpt_path, td_err *err);
 
+// For export (model/export.h's td_export_get_fn shape): the model config stored in a checkpoint's
+// metadata (parsed as an HF config.json), and the f32 values of parameter hf_name (ctx: the
+// opened const td_ckpt *; TD_ERR_NOT_FOUND for an absent tensor or another size).
+struct td_ckpt;
+td_status td_train_ckpt_config(const struct td_ckpt *ck, td_model_config *out, td_err *err);
+td_status td_train_ckpt_get(void *ctx, const char *hf_name, float *dst, int64_t n, td_err *err);
+
 #endif
