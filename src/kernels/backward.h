@@ -1,0 +1,122 @@
+// Training kernels: the backward of every operation in the Llama-family forward (matmul, RMSNorm,
+// causal grouped-query attention, SwiGLU, embedding rows), cross-entropy with its gradient, and
+// bf16 rounding for mixed precision. Same contract as kernels.h: pure functions over one
+// (ith, nth) slice; they never allocate, never spawn threads and never fail. Work is split so that
+// no two slices write the same element (deterministic: results do not depend on nth).
+// RoPE's backward is the forward at negated positions (a rotation's transpose), so it has no
+// kernel.
+#ifndef TD_KERNELS_BACKWARD_H
+#define TD_KERNELS_BACKWARD_H
+
+#include <stdint.h>
+
+// Rounds f32 to the nearest bf16 (ties to even) and back: the value a bf16 operand carries.
+static inline float td_round_bf16(float f) {
+    union {
+        float f;
+        uint32_t u;
+    } v = {f};
+    if ((v.u & 0x7f800000u) == 0x7f800000u) return f;  // inf / nan unchanged
+    v.u = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u;
+    return v.f;
+}
+
+// y[n] = x[n] rounded to bf16 values (kept as f32; y may equal x). Mixed precision rounds matmul
+// operands with this and multiplies them with the f32 kernels: bf16 products, f32 accumulation.
+typedef struct td_round_bf16_args {
+    const float *x;
+    float *y;
+    int64_t n;
+} td_round_bf16_args;
+void td_ref_round_bf16(const td_round_bf16_args *a, int ith, int nth);
+
+// Backward of y = x W^T + b.
+//   dx[n_tok, n_in]  (=, or += when accumulate) dy[n_tok, n_out] * W[n_out, n_in]   split over
+//   tokens dw[n_out, n_in] += dy^T x;  db[n_out] += sum_t dy[t]                            split
+//   over rows
+// Blocked for cache reuse; every sum runs in ascending index order whatever the blocking.
+typedef struct td_mm_bwd_args {
+    const float *w;   // [n_out, n_in]
+    const float *x;   // [n_tok, n_in] the forward input
+    const float *dy;  // [n_tok, n_out]
+    float *dx;        // [n_tok, n_in] or NULL (skip)
+    float *dw;        // [n_out, n_in] or NULL (skip), accumulated
+    float *db;        // [n_out] or NULL, accumulated
+    int n_tok, n_out, n_in;
+    int accumulate;  // dx += instead of dx =
+} td_mm_bwd_args;
+void td_ref_mm_bwd_x(const td_mm_bwd_args *a, int ith, int nth);
+void td_ref_mm_bwd_w(const td_mm_bwd_args *a, int ith, int nth);
+
+// Backward of y = x * rstd * w with rstd = 1/sqrt(mean(x^2) + eps), row by row (rstd recomputed
+// from x in double, as the forward does).
+//   bwd_x: rstd[r] is written; dx[r] (= or +=) rstd*g - x*rstd^3*mean(g*x), g = dy*w. Split over
+//   rows. bwd_w: dw[i] += sum_r dy[r,i] * x[r,i] * rstd[r] (needs bwd_x's rstd). Split over
+//   columns.
+typedef struct td_rmsnorm_bwd_args {
+    const float *x;   // [n_rows, n] forward input
+    const float *w;   // [n]
+    const float *dy;  // [n_rows, n]
+    float *dx;        // [n_rows, n]; must not alias dy (bwd_w reads dy after bwd_x)
+    float *dw;        // [n], accumulated
+    float *rstd;      // [n_rows] scratch
+    int n_rows, n;
+    float eps;
+    int accumulate;
+} td_rmsnorm_bwd_args;
+void td_ref_rmsnorm_bwd_x(const td_rmsnorm_bwd_args *a, int ith, int nth);
+void td_ref_rmsnorm_bwd_w(const td_rmsnorm_bwd_args *a, int ith, int nth);
+
+// Backward of causal attention over n_seq sequences of seq_len tokens each (token t of sequence b
+// is row b*seq_len + t and attends to rows b*seq_len + [0, t]):
+//   out[t,h] = sum_j p_j v[j, h/g], p = softmax_j(q[t,h] . k[j, h/g] * scale).
+// The softmax is recomputed from q and k (nothing but `out` is saved by the forward), once per
+// (query, head) into the slice's scratch row; ds_j = p_j (dout . v_j - dout . out). dq, dk, dv are
+// overwritten. Split over (sequence, kv head): a slice owns its kv head's dk/dv rows and the dq
+// rows of the query heads that read them.
+typedef struct td_attention_bwd_args {
+    const float *q;     // [n_seq*seq_len, n_heads, head_dim] (post-RoPE)
+    const float *k;     // [n_seq*seq_len, n_kv_heads, head_dim] (post-RoPE)
+    const float *v;     // [n_seq*seq_len, n_kv_heads, head_dim]
+    const float *out;   // [n_seq*seq_len, n_heads, head_dim]
+    const float *dout;  // [n_seq*seq_len, n_heads, head_dim]
+    float *dq;          // [n_seq*seq_len, n_heads, head_dim]
+    float *dk, *dv;     // [n_seq*seq_len, n_kv_heads, head_dim]
+    float *scratch;     // [nth, seq_len]: slice ith uses row ith (caller sizes it for its pool)
+    int n_seq, seq_len, n_heads, n_kv_heads, head_dim;
+    float scale;
+} td_attention_bwd_args;
+void td_ref_attention_bwd(const td_attention_bwd_args *a, int ith, int nth);
+
+// Backward of h = silu(g) * u: dg = dh * u * s * (1 + g (1 - s)), du = dh * silu(g), s =
+// sigmoid(g).
+typedef struct td_swiglu_bwd_args {
+    const float *gate, *up, *dh;  // [n]
+    float *dgate, *dup;           // [n]; dgate may equal dh
+    int64_t n;
+} td_swiglu_bwd_args;
+void td_ref_swiglu_bwd(const td_swiglu_bwd_args *a, int ith, int nth);
+
+// dtable[tokens[t], :] += dy[t, :]. Split over columns, so repeated tokens never race.
+typedef struct td_embed_bwd_args {
+    const int32_t *tokens;  // [n_tok]
+    const float *dy;        // [n_tok, dim]
+    float *dtable;          // [vocab, dim]
+    int n_tok, dim;
+} td_embed_bwd_args;
+void td_ref_embed_bwd(const td_embed_bwd_args *a, int ith, int nth);
+
+// Cross-entropy over rows of logits, in place: loss[t] = logsumexp(z_t) - z_t[target_t] (double
+// accumulation), then z_t becomes dloss/dz = (softmax(z_t) - onehot(target_t)) * dscale.
+// A target of -1 is ignored: loss 0 and a zero gradient row. Targets are checked by the caller.
+typedef struct td_xent_args {
+    float *logits;           // [n_tok, vocab] in: logits, out: gradient
+    const int32_t *targets;  // [n_tok] in [0, vocab) or -1
+    float *loss;             // [n_tok]
+    int n_tok, vocab;
+    float dscale;   // usually 1 / (number of counted targets in the whole step)
+    int want_grad;  // 0: leave logits untouched (loss only)
+} td_xent_args;
+void td_ref_xent(const td_xent_args *a, int ith, int nth);
+
+#endif

@@ -1,0 +1,832 @@
+// The trainable model: parameter/gradient/activation layout (sized first, allocated once, carved
+// with pointers, llm.c style), the forward keeping activations, and the backward. In FP32 mode the
+// forward runs the same kernels as the inference forward (kernels.h), so the two agree; the
+// backward kernels live in kernels/backward.h. Not here: optimizer, accumulation, clipping.
+#include "train/model_train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/rng.h"
+#include "kernels/backward.h"
+#include "kernels/kernels.h"
+#include "train/gemm.h"
+
+typedef struct layer_params {  // views into the parameter (or gradient) buffer; NULL when absent
+    float *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *q_norm, *k_norm, *wo;
+    float *ffn_norm, *w_gate, *w_up, *w_down;
+} layer_params;
+
+typedef struct model_views {
+    float *tok_embd;  // [V, D]
+    float *out_norm;  // [D]
+    float *output;    // [V, D]; == tok_embd when tied
+    layer_params *l;  // [L]
+} model_views;
+
+typedef struct layer_acts {  // one layer's saved activations, [N, *] with N = B*T
+    float *xn1;              // [N, D] attention RMSNorm output
+    float *qpre, *kpre;      // [N, qd], [N, kvd] before qk-norm (only with qk_norm)
+    float *q, *k, *v;        // [N, qd], [N, kvd], [N, kvd] (q, k after RoPE)
+    float *att;              // [N, qd] attention output (before wo)
+    float *xmid;             // [N, D] residual after the attention block
+    float *xn2;              // [N, D] MLP RMSNorm output
+    float *gate, *up;        // [N, F] before SwiGLU
+    float *h;                // [N, F] silu(gate) * up
+} layer_acts;
+
+struct td_tmodel {
+    td_model_config c;
+    td_tmodel_params p;
+    int N, D, qd, kvd, F, V, L;
+    int n_threads;  // of the pool
+    const td_kernels *k;
+    td_pool *pool;
+    double inv_freq[TD_ATTN_MAX_HEAD_DIM / 2];
+
+    td_tparam *tensors;
+    int n_tensors;
+    size_t n_params;
+    float *params, *grads;  // [n_params] each
+    model_views pw, gw;     // parameter and gradient views
+
+    float *acts;         // the one activation allocation
+    float **res;         // [L + 1] -> [N, D] residual stream at each layer input (res[L]: final)
+    layer_acts *la;      // [L] (or [1] with recompute)
+    float *xnf;          // [N, D] final RMSNorm output
+    float *logits;       // [N, V]
+    float *losses;       // [N]
+    float *dres, *dxn;   // [N, D]
+    float *dh, *dup;     // [N, F]
+    float *datt, *dq;    // [N, qd]
+    float *dk, *dv;      // [N, kvd]
+    float *dkn;          // [N, kvd] d(k before qk-norm) (only with qk_norm)
+    float *rstd;         // [N * max(nh, 1)]
+    float *att_scratch;  // [pool threads, T] attention backward: one softmax row per thread
+    float *xr, *dyr;     // BF16 only: [N, max(D, F, qd)] matmul operands rounded to bf16
+    float *wbf;          // BF16 only: [n_params] the parameters rounded to bf16, per forward
+    int32_t *tokens, *targets, *pos, *negpos, *seq_id;  // [N]
+    int32_t *blk_ids;                                   // [B]
+    const int32_t **blk_tab;                            // [B]
+    int have_fwd, have_targets;
+};
+
+td_tmodel_params td_tmodel_default_params(void) {
+    return (td_tmodel_params){
+        .batch = 1, .seq_len = 64, .n_threads = 0, .precision = TD_TRAIN_FP32, .recompute = 0};
+}
+
+// ------------------------------------------------------------------ tasks on the pool
+
+typedef struct kjob {
+    const td_kernels *k;
+    union {
+        td_matmul_args mm;
+        td_rmsnorm_args rn;
+        td_rope_args rope;
+        td_attention_args att;
+        td_silu_mul_args sm;
+        td_embed_args emb;
+        td_add_args add;
+    } u;
+} kjob;
+
+static void t_matmul(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->matmul(&j->u.mm, i, n);
+}
+static void t_rmsnorm(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->rmsnorm(&j->u.rn, i, n);
+}
+static void t_rope(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->rope(&j->u.rope, i, n);
+}
+static void t_attention(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->attention(&j->u.att, i, n);
+}
+static void t_silu_mul(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->silu_mul(&j->u.sm, i, n);
+}
+static void t_embed(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->embed(&j->u.emb, i, n);
+}
+static void t_add(void *c, int i, int n) {
+    const kjob *j = c;
+    j->k->add(&j->u.add, i, n);
+}
+
+#define BWD_TASK(name, T, fn) \
+    static void name(void *c, int i, int n) { fn((const T *)c, i, n); }
+BWD_TASK(t_round, td_round_bf16_args, td_ref_round_bf16)
+BWD_TASK(t_mm_bwd_x, td_mm_bwd_args, td_ref_mm_bwd_x)
+BWD_TASK(t_mm_bwd_w, td_mm_bwd_args, td_ref_mm_bwd_w)
+BWD_TASK(t_rn_bwd_x, td_rmsnorm_bwd_args, td_ref_rmsnorm_bwd_x)
+BWD_TASK(t_rn_bwd_w, td_rmsnorm_bwd_args, td_ref_rmsnorm_bwd_w)
+BWD_TASK(t_att_bwd, td_attention_bwd_args, td_ref_attention_bwd)
+BWD_TASK(t_swiglu_bwd, td_swiglu_bwd_args, td_ref_swiglu_bwd)
+BWD_TASK(t_embed_bwd, td_embed_bwd_args, td_ref_embed_bwd)
+BWD_TASK(t_xent, td_xent_args, td_ref_xent)
+
+static int is_bf16(const td_tmodel *tm) { return tm->p.precision == TD_TRAIN_BF16; }
+
+// y[n] = bf16(x[n]) on the pool.
+static void round_bf16(td_tmodel *tm, const float *x, float *y, size_t n) {
+    td_round_bf16_args a = {.x = x, .y = y, .n = (int64_t)n};
+    td_pool_run(tm->pool, t_round, &a);
+}
+
+// The bf16-rounded copy of parameter tensor w (a view into wbf at the same offset).
+static const float *wbf_of(const td_tmodel *tm, const float *w) {
+    return tm->wbf + (w - tm->params);
+}
+
+// y[N, n_out] = x W^T + b with the inference kernel. BF16: x and W rounded to bf16 first (bf16
+// products, f32 accumulation; the bias stays f32).
+static void mm(td_tmodel *tm, const float *w, const float *b, const float *x, float *y, int n_out,
+               int n_in) {
+    if (is_bf16(tm)) {
+        round_bf16(tm, x, tm->xr, (size_t)tm->N * n_in);
+        x = tm->xr;
+        w = wbf_of(tm, w);
+    }
+    if (tm->p.gemm == TD_TRAIN_GEMM_DNNL) {  // y = x W^T (+ b: rows preset, beta 1)
+        const int64_t N = tm->N;
+        if (b)
+            for (int64_t t = 0; t < N; t++) memcpy(y + t * n_out, b, (size_t)n_out * sizeof(float));
+        td_gemm('N', 'T', N, n_out, n_in, 1.0f, x, n_in, w, n_in, b ? 1.0f : 0.0f, y, n_out);
+        return;
+    }
+    td_tensor wt = {.type = TD_F32,
+                    .ndim = 2,
+                    .ne = {n_out, n_in},
+                    .data = w,
+                    .nbytes = (size_t)n_out * n_in * sizeof(float)};
+    kjob j = {.k = tm->k, .u.mm = {.w = &wt, .bias = b, .x = x, .y = y, .n_tok = tm->N}};
+    td_pool_run(tm->pool, t_matmul, &j);
+}
+
+// Backward of y = x W^T + b: dx (= or +=) dy W; dW += dy^T x; db += sum dy. BF16: dy, W and x
+// rounded to bf16 first (dy in place when dy_scratch is 0: the caller no longer needs it exact).
+static void mm_bwd(td_tmodel *tm, const float *w, const float *x, float *dy, float *dx, float *dw,
+                   float *db, int n_out, int n_in, int accumulate, int dy_scratch) {
+    const float *dyo = dy;
+    if (is_bf16(tm)) {
+        round_bf16(tm, x, tm->xr, (size_t)tm->N * n_in);
+        x = tm->xr;
+        w = wbf_of(tm, w);
+        float *r = dy_scratch ? tm->dyr : dy;
+        round_bf16(tm, dy, r, (size_t)tm->N * n_out);
+        dyo = r;
+    }
+    if (tm->p.gemm == TD_TRAIN_GEMM_DNNL) {
+        const int64_t N = tm->N;
+        if (dx)  // dx[N, n_in] (+)= dy[N, n_out] W[n_out, n_in]
+            td_gemm('N', 'N', N, n_in, n_out, 1.0f, dyo, n_out, w, n_in, accumulate ? 1.0f : 0.0f,
+                    dx, n_in);
+        if (dw)  // dW[n_out, n_in] += dy^T x
+            td_gemm('T', 'N', n_out, n_in, N, 1.0f, dyo, n_out, x, n_in, 1.0f, dw, n_in);
+        if (db) {  // the kernel with no dW sums the bias gradient only
+            td_mm_bwd_args a = {.dy = dyo, .db = db, .n_tok = tm->N, .n_out = n_out, .n_in = n_in};
+            td_pool_run(tm->pool, t_mm_bwd_w, &a);
+        }
+        return;
+    }
+    td_mm_bwd_args a = {.w = w,
+                        .x = x,
+                        .dy = dyo,
+                        .dx = dx,
+                        .dw = dw,
+                        .db = db,
+                        .n_tok = tm->N,
+                        .n_out = n_out,
+                        .n_in = n_in,
+                        .accumulate = accumulate};
+    td_pool_run(tm->pool, t_mm_bwd_x, &a);
+    td_pool_run(tm->pool, t_mm_bwd_w, &a);
+}
+
+static void rmsnorm(td_tmodel *tm, const float *x, const float *w, float *y, int rows, int n) {
+    kjob j = {.k = tm->k,
+              .u.rn = {.x = x, .w = w, .y = y, .n_rows = rows, .n = n, .eps = tm->c.norm_eps}};
+    td_pool_run(tm->pool, t_rmsnorm, &j);
+}
+
+static void rmsnorm_bwd(td_tmodel *tm, const float *x, const float *w, const float *dy, float *dx,
+                        float *dw, int rows, int n, int accumulate) {
+    td_rmsnorm_bwd_args a = {.x = x,
+                             .w = w,
+                             .dy = dy,
+                             .dx = dx,
+                             .dw = dw,
+                             .rstd = tm->rstd,
+                             .n_rows = rows,
+                             .n = n,
+                             .eps = tm->c.norm_eps,
+                             .accumulate = accumulate};
+    td_pool_run(tm->pool, t_rn_bwd_x, &a);
+    td_pool_run(tm->pool, t_rn_bwd_w, &a);
+}
+
+static void rope(td_tmodel *tm, float *x, const int32_t *pos, int n_heads) {
+    kjob j = {.k = tm->k,
+              .u.rope = {.x = x,
+                         .pos = pos,
+                         .inv_freq = tm->inv_freq,
+                         .n_tok = tm->N,
+                         .n_heads = n_heads,
+                         .head_dim = tm->c.head_dim,
+                         .neox = tm->c.rope_style == TD_ROPE_NEOX}};
+    td_pool_run(tm->pool, t_rope, &j);
+}
+
+// ------------------------------------------------------------------ layout
+
+typedef struct sizer {  // walks the tensor list twice: once to count, once to fill
+    td_tmodel *tm;
+    size_t off;
+    int n;
+    int fill;
+} sizer;
+
+static float *add_tensor(sizer *s, const char *name, int64_t rows, int64_t cols, int decay) {
+    if (s->fill) {
+        td_tparam *t = &s->tm->tensors[s->n];
+        snprintf(t->name, sizeof t->name, "%s", name);
+        t->offset = s->off;
+        t->rows = rows;
+        t->cols = cols;
+        t->decay = decay;
+        t->data = s->tm->params + s->off;
+        t->grad = s->tm->grads + s->off;
+    }
+    s->n++;
+    s->off += (size_t)rows * (size_t)cols;
+    return s->fill ? s->tm->params + (s->off - (size_t)rows * cols) : NULL;
+}
+
+// The parameter list in buffer order (HF names). Views are set when s->fill.
+static void layout(sizer *s) {
+    td_tmodel *tm = s->tm;
+    const td_model_config *c = &tm->c;
+    char nm[64];
+    const int64_t D = tm->D, qd = tm->qd, kvd = tm->kvd, F = tm->F, V = tm->V, hd = c->head_dim;
+    tm->pw.tok_embd = add_tensor(s, "model.embed_tokens.weight", V, D, 1);
+    for (int l = 0; l < tm->L; l++) {
+        layer_params lp = {0};
+#define T(field, suffix, r, cl, dec)                          \
+    snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix); \
+    lp.field = add_tensor(s, nm, r, cl, dec);
+        T(attn_norm, "input_layernorm.weight", 1, D, 0)
+        T(wq, "self_attn.q_proj.weight", qd, D, 1)
+        if (c->qkv_bias) {
+            T(bq, "self_attn.q_proj.bias", 1, qd, 0)
+        }
+        T(wk, "self_attn.k_proj.weight", kvd, D, 1)
+        if (c->qkv_bias) {
+            T(bk, "self_attn.k_proj.bias", 1, kvd, 0)
+        }
+        T(wv, "self_attn.v_proj.weight", kvd, D, 1)
+        if (c->qkv_bias) {
+            T(bv, "self_attn.v_proj.bias", 1, kvd, 0)
+        }
+        if (c->qk_norm) {
+            T(q_norm, "self_attn.q_norm.weight", 1, hd, 0)
+            T(k_norm, "self_attn.k_norm.weight", 1, hd, 0)
+        }
+        T(wo, "self_attn.o_proj.weight", D, qd, 1)
+        T(ffn_norm, "post_attention_layernorm.weight", 1, D, 0)
+        T(w_gate, "mlp.gate_proj.weight", F, D, 1)
+        T(w_up, "mlp.up_proj.weight", F, D, 1)
+        T(w_down, "mlp.down_proj.weight", D, F, 1)
+#undef T
+        if (s->fill) tm->pw.l[l] = lp;
+    }
+    tm->pw.out_norm = add_tensor(s, "model.norm.weight", 1, D, 0);
+    if (!c->tie_embeddings)
+        tm->pw.output = add_tensor(s, "lm_head.weight", V, D, 1);
+    else
+        tm->pw.output = tm->pw.tok_embd;
+}
+
+// The same views shifted into the gradient buffer.
+static float *gview(td_tmodel *tm, float *p) { return p ? tm->grads + (p - tm->params) : NULL; }
+
+static void make_grad_views(td_tmodel *tm) {
+    tm->gw.tok_embd = gview(tm, tm->pw.tok_embd);
+    tm->gw.out_norm = gview(tm, tm->pw.out_norm);
+    tm->gw.output = gview(tm, tm->pw.output);
+    for (int l = 0; l < tm->L; l++) {
+        const layer_params *p = &tm->pw.l[l];
+        tm->gw.l[l] =
+            (layer_params){gview(tm, p->attn_norm), gview(tm, p->wq),       gview(tm, p->bq),
+                           gview(tm, p->wk),        gview(tm, p->bk),       gview(tm, p->wv),
+                           gview(tm, p->bv),        gview(tm, p->q_norm),   gview(tm, p->k_norm),
+                           gview(tm, p->wo),        gview(tm, p->ffn_norm), gview(tm, p->w_gate),
+                           gview(tm, p->w_up),      gview(tm, p->w_down)};
+    }
+}
+
+// Carves (or, with base NULL, just counts) the activation buffer. Returns elements used.
+static size_t carve_acts(td_tmodel *tm, float *base) {
+    const size_t N = (size_t)tm->N, D = tm->D, qd = tm->qd, kvd = tm->kvd, F = tm->F, V = tm->V;
+    const int n_blocks = tm->p.recompute ? 1 : tm->L;
+    const int nh = tm->c.n_heads > tm->c.n_kv_heads ? tm->c.n_heads : tm->c.n_kv_heads;
+    size_t off = 0;
+#define TAKE(ptr, n)                  \
+    do {                              \
+        if (base) (ptr) = base + off; \
+        off += (n);                   \
+    } while (0)
+    for (int l = 0; l <= tm->L; l++) TAKE(tm->res[l], N * D);
+    for (int b = 0; b < n_blocks; b++) {
+        layer_acts *a = &tm->la[b];
+        TAKE(a->xn1, N * D);
+        if (tm->c.qk_norm) {
+            TAKE(a->qpre, N * qd);
+            TAKE(a->kpre, N * kvd);
+        }
+        TAKE(a->q, N * qd);
+        TAKE(a->k, N * kvd);
+        TAKE(a->v, N * kvd);
+        TAKE(a->att, N * qd);
+        TAKE(a->xmid, N * D);
+        TAKE(a->xn2, N * D);
+        TAKE(a->gate, N * F);
+        TAKE(a->up, N * F);
+        TAKE(a->h, N * F);
+    }
+    TAKE(tm->xnf, N * D);
+    TAKE(tm->logits, N * V);
+    TAKE(tm->losses, N);
+    TAKE(tm->dres, N * D);
+    TAKE(tm->dxn, N * D);
+    TAKE(tm->dh, N * F);
+    TAKE(tm->dup, N * F);
+    TAKE(tm->datt, N * qd);
+    TAKE(tm->dq, N * qd);
+    TAKE(tm->dk, N * kvd);
+    TAKE(tm->dv, N * kvd);
+    if (tm->c.qk_norm) TAKE(tm->dkn, N * kvd);
+    TAKE(tm->rstd, N * (size_t)nh);
+    TAKE(tm->att_scratch, (size_t)tm->n_threads * tm->p.seq_len);
+    if (tm->p.precision == TD_TRAIN_BF16) {
+        size_t wmax = D > F ? D : F;
+        wmax = wmax > qd ? wmax : qd;
+        TAKE(tm->xr, N * wmax);
+        TAKE(tm->dyr, N * wmax);
+    }
+#undef TAKE
+    return off;
+}
+
+static void rope_init(td_tmodel *tm) {  // as the inference forward does (HF semantics)
+    const td_model_config *c = &tm->c;
+    for (int i = 0; i < c->head_dim / 2; i++) {
+        double inv = 1.0 / pow((double)c->rope_theta, (2.0 * i) / c->head_dim);
+        if (c->rope_scaling == TD_ROPE_SCALING_LINEAR) {
+            inv /= c->rope_factor;
+        } else if (c->rope_scaling == TD_ROPE_SCALING_LLAMA3) {
+            const double factor = c->rope_factor, lo = c->rope_low_freq_factor,
+                         hi = c->rope_high_freq_factor, old = c->rope_orig_max_pos;
+            const double wavelen = 2.0 * M_PI / inv;
+            if (wavelen > old / lo) {
+                inv /= factor;
+            } else if (wavelen >= old / hi) {
+                double smooth = (old / wavelen - lo) / (hi - lo);
+                inv = (1.0 - smooth) * inv / factor + smooth * inv;
+            }
+        }
+        tm->inv_freq[i] = inv;
+    }
+}
+
+td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp, td_tmodel **out,
+                           td_err *err) {
+    *out = NULL;
+    td_status st = td_config_validate(c, "train", err);
+    if (st) return st;
+    td_tmodel_params p = pp ? *pp : td_tmodel_default_params();
+    if (c->head_dim % 2 || c->head_dim > TD_ATTN_MAX_HEAD_DIM)
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "train: head_dim %d must be even and <= %d",
+                          c->head_dim, TD_ATTN_MAX_HEAD_DIM);
+    if (p.batch <= 0 || p.seq_len <= 0 || (int64_t)p.batch * p.seq_len > (1 << 24))
+        return td_err_set(err, TD_ERR_INVALID, "train: batch %d x seq_len %d is out of range",
+                          p.batch, p.seq_len);
+    if (p.gemm == TD_TRAIN_GEMM_DNNL && !td_gemm_available())
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "train: oneDNN GEMM requested but not built in");
+    if (p.gemm != TD_TRAIN_GEMM_KERNELS && p.gemm != TD_TRAIN_GEMM_DNNL)
+        return td_err_set(err, TD_ERR_INVALID, "train: unknown gemm %d", (int)p.gemm);
+    if (p.precision != TD_TRAIN_FP32 && p.precision != TD_TRAIN_BF16)
+        return td_err_set(err, TD_ERR_INVALID, "train: unknown precision %d", (int)p.precision);
+    if (c->rope_scaling == TD_ROPE_SCALING_LINEAR && !(c->rope_factor > 0.0f))
+        return td_err_set(err, TD_ERR_INVALID, "train: linear rope scaling needs factor > 0");
+    if (c->rope_scaling == TD_ROPE_SCALING_LLAMA3 &&
+        !(c->rope_factor > 0.0f && c->rope_low_freq_factor > 0.0f &&
+          c->rope_high_freq_factor > c->rope_low_freq_factor && c->rope_orig_max_pos > 0))
+        return td_err_set(err, TD_ERR_INVALID, "train: bad llama3 rope scaling parameters");
+
+    td_tmodel *tm = calloc(1, sizeof *tm);
+    if (!tm) return td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
+    tm->c = *c;
+    tm->p = p;
+    tm->N = p.batch * p.seq_len;
+    tm->D = c->dim;
+    tm->qd = c->n_heads * c->head_dim;
+    tm->kvd = c->n_kv_heads * c->head_dim;
+    tm->F = c->ffn_dim;
+    tm->V = c->vocab_size;
+    tm->L = c->n_layers;
+    tm->k = td_kernels_get(NULL);
+    if (!tm->k) tm->k = &td_kernels_ref;
+    rope_init(tm);
+
+    // Count, allocate once, carve (the pool first: its size sizes per-thread scratch).
+    tm->pool = td_pool_create(p.n_threads);
+    tm->n_threads = tm->pool ? td_pool_size(tm->pool) : 1;
+    sizer s = {.tm = tm};
+    layout(&s);
+    tm->n_tensors = s.n;
+    tm->n_params = s.off;
+    const int n_blocks = p.recompute ? 1 : tm->L;
+    tm->tensors = calloc((size_t)s.n, sizeof *tm->tensors);
+    tm->pw.l = calloc((size_t)tm->L, sizeof *tm->pw.l);
+    tm->gw.l = calloc((size_t)tm->L, sizeof *tm->gw.l);
+    tm->res = calloc((size_t)tm->L + 1, sizeof *tm->res);
+    tm->la = calloc((size_t)n_blocks, sizeof *tm->la);
+    tm->params = calloc(tm->n_params, sizeof(float));
+    tm->grads = calloc(tm->n_params, sizeof(float));
+    if (p.precision == TD_TRAIN_BF16) tm->wbf = malloc(tm->n_params * sizeof(float));
+    const size_t n_acts = carve_acts(tm, NULL);
+    tm->acts = malloc(n_acts * sizeof(float));
+    const size_t N = (size_t)tm->N;
+    tm->tokens = malloc(5 * N * sizeof(int32_t));
+    tm->blk_ids = malloc((size_t)p.batch * sizeof *tm->blk_ids);
+    tm->blk_tab = malloc((size_t)p.batch * sizeof *tm->blk_tab);
+    if (!tm->tensors || !tm->pw.l || !tm->gw.l || !tm->res || !tm->la || !tm->params ||
+        !tm->grads || (p.precision == TD_TRAIN_BF16 && !tm->wbf) || !tm->acts || !tm->tokens ||
+        !tm->blk_ids || !tm->blk_tab || !tm->pool) {
+        st = td_err_set(err, TD_ERR_NOMEM,
+                        "train: out of memory (%zu parameters, %zu MiB of activations)",
+                        tm->n_params, n_acts * sizeof(float) >> 20);
+        td_tmodel_free(tm);
+        return st;
+    }
+    s = (sizer){.tm = tm, .fill = 1};
+    layout(&s);
+    make_grad_views(tm);
+    carve_acts(tm, tm->acts);
+    tm->targets = tm->tokens + N;
+    tm->pos = tm->tokens + 2 * N;
+    tm->negpos = tm->tokens + 3 * N;
+    tm->seq_id = tm->tokens + 4 * N;
+    for (size_t i = 0; i < N; i++) {
+        tm->pos[i] = (int32_t)(i % (size_t)p.seq_len);
+        tm->negpos[i] = -tm->pos[i];  // RoPE backward: rotation by the negated angle
+        tm->seq_id[i] = (int32_t)(i / (size_t)p.seq_len);
+    }
+    for (int b = 0; b < p.batch; b++) {
+        tm->blk_ids[b] = b;
+        tm->blk_tab[b] = &tm->blk_ids[b];
+    }
+    *out = tm;
+    return TD_OK;
+}
+
+void td_tmodel_free(td_tmodel *tm) {
+    if (!tm) return;
+    td_pool_free(tm->pool);
+    free(tm->tensors);
+    free(tm->pw.l);
+    free(tm->gw.l);
+    free(tm->res);
+    free(tm->la);
+    free(tm->params);
+    free(tm->grads);
+    free(tm->wbf);
+    free(tm->acts);
+    free(tm->tokens);
+    free(tm->blk_ids);
+    free(tm->blk_tab);
+    free(tm);
+}
+
+const td_model_config *td_tmodel_config(const td_tmodel *tm) { return &tm->c; }
+td_tmodel_params td_tmodel_get_params(const td_tmodel *tm) { return tm->p; }
+int td_tmodel_n_tensors(const td_tmodel *tm) { return tm->n_tensors; }
+const td_tparam *td_tmodel_tensor(const td_tmodel *tm, int i) {
+    return i >= 0 && i < tm->n_tensors ? &tm->tensors[i] : NULL;
+}
+const td_tparam *td_tmodel_find(const td_tmodel *tm, const char *name) {
+    for (int i = 0; i < tm->n_tensors; i++)
+        if (!strcmp(tm->tensors[i].name, name)) return &tm->tensors[i];
+    return NULL;
+}
+float *td_tmodel_params_buf(td_tmodel *tm, size_t *n) {
+    if (n) *n = tm->n_params;
+    return tm->params;
+}
+float *td_tmodel_grads_buf(td_tmodel *tm, size_t *n) {
+    if (n) *n = tm->n_params;
+    return tm->grads;
+}
+td_pool *td_tmodel_pool(td_tmodel *tm) { return tm->pool; }
+size_t td_tmodel_activation_bytes(const td_tmodel *tm) {
+    td_tmodel tmp = *tm;  // carve_acts with base NULL only counts
+    return carve_acts(&tmp, NULL) * sizeof(float);
+}
+const float *td_tmodel_logits(const td_tmodel *tm) { return tm->logits; }
+
+void td_tmodel_zero_grad(td_tmodel *tm) { memset(tm->grads, 0, tm->n_params * sizeof(float)); }
+
+// ------------------------------------------------------------------ initialisation and loading
+
+void td_tmodel_init_random(td_tmodel *tm, uint64_t seed, float std) {
+    td_rng r;
+    td_rng_seed(&r, seed);
+    for (int i = 0; i < tm->n_tensors; i++) {
+        const td_tparam *t = &tm->tensors[i];
+        const size_t n = (size_t)t->rows * t->cols;
+        const size_t len = strlen(t->name);
+        const int is_norm = len > 11 && strstr(t->name, "norm.weight") != NULL;
+        const int is_bias = len > 5 && !strcmp(t->name + len - 5, ".bias");
+        for (size_t j = 0; j < n; j++) {
+            if (is_norm) {
+                t->data[j] = 1.0f;
+            } else if (is_bias) {
+                t->data[j] = 0.0f;
+            } else {
+                t->data[j] = (float)(std * td_rng_normal(&r));
+            }
+        }
+    }
+}
+
+// The td_model tensor holding parameter t (by position in the layout walk).
+static const td_tensor *model_tensor(const td_model *m, const td_tparam *t, const td_tmodel *tm) {
+    if (!strcmp(t->name, "model.embed_tokens.weight")) return &m->tok_embd;
+    if (!strcmp(t->name, "model.norm.weight")) return &m->out_norm;
+    if (!strcmp(t->name, "lm_head.weight")) return &m->output;
+    int l = -1, used = 0;
+    if (sscanf(t->name, "model.layers.%d.%n", &l, &used) != 1 || l < 0 || l >= tm->L || !m->layers)
+        return NULL;
+    const td_layer_weights *w = &m->layers[l];
+    const char *s = t->name + used;
+    static const struct {
+        const char *suffix;
+        size_t off;
+    } map[] = {
+        {"input_layernorm.weight", offsetof(td_layer_weights, attn_norm)},
+        {"self_attn.q_proj.weight", offsetof(td_layer_weights, wq)},
+        {"self_attn.k_proj.weight", offsetof(td_layer_weights, wk)},
+        {"self_attn.v_proj.weight", offsetof(td_layer_weights, wv)},
+        {"self_attn.o_proj.weight", offsetof(td_layer_weights, wo)},
+        {"self_attn.q_proj.bias", offsetof(td_layer_weights, bq)},
+        {"self_attn.k_proj.bias", offsetof(td_layer_weights, bk)},
+        {"self_attn.v_proj.bias", offsetof(td_layer_weights, bv)},
+        {"self_attn.q_norm.weight", offsetof(td_layer_weights, q_norm)},
+        {"self_attn.k_norm.weight", offsetof(td_layer_weights, k_norm)},
+        {"post_attention_layernorm.weight", offsetof(td_layer_weights, ffn_norm)},
+        {"mlp.gate_proj.weight", offsetof(td_layer_weights, w_gate)},
+        {"mlp.up_proj.weight", offsetof(td_layer_weights, w_up)},
+        {"mlp.down_proj.weight", offsetof(td_layer_weights, w_down)},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (!strcmp(s, map[i].suffix)) return (const td_tensor *)((const char *)w + map[i].off);
+    return NULL;
+}
+
+td_status td_tmodel_load(td_tmodel *tm, const td_model *m, td_err *err) {
+    const td_model_config *a = &tm->c, *b = &m->cfg;
+    if (a->vocab_size != b->vocab_size || a->dim != b->dim || a->n_layers != b->n_layers ||
+        a->n_heads != b->n_heads || a->n_kv_heads != b->n_kv_heads || a->head_dim != b->head_dim ||
+        a->ffn_dim != b->ffn_dim || a->tie_embeddings != b->tie_embeddings ||
+        a->qkv_bias != b->qkv_bias || a->qk_norm != b->qk_norm)
+        return td_err_set(err, TD_ERR_INVALID,
+                          "train: the model's config does not match the trainer's");
+    for (int i = 0; i < tm->n_tensors; i++) {
+        const td_tparam *t = &tm->tensors[i];
+        const td_tensor *src = model_tensor(m, t, tm);
+        const int64_t n = t->rows * t->cols;
+        if (!src || !td_tensor_present(src) || td_tensor_nelem(src) != n)
+            return td_err_set(err, TD_ERR_INVALID, "train: %s is missing or has the wrong size",
+                              t->name);
+        const size_t rb = td_row_bytes(src->type, src->ndim == 2 ? src->ne[1] : n);
+        if (rb == 0 ||
+            (src->nbytes && src->nbytes < rb * (size_t)(src->ndim == 2 ? src->ne[0] : 1)))
+            return td_err_set(err, TD_ERR_UNSUPPORTED, "train: %s: unsupported dtype %s", t->name,
+                              td_dtype_name(src->type));
+        td_to_f32(src->type, src->data, t->data, n);
+    }
+    // The model's RoPE and norm settings, and GGUF llama3 divisors, as the inference forward does.
+    tm->c.norm_eps = b->norm_eps;
+    tm->c.rope_theta = b->rope_theta;
+    tm->c.rope_style = b->rope_style;
+    tm->c.rope_scaling = b->rope_scaling;
+    tm->c.rope_factor = b->rope_factor;
+    tm->c.rope_low_freq_factor = b->rope_low_freq_factor;
+    tm->c.rope_high_freq_factor = b->rope_high_freq_factor;
+    tm->c.rope_orig_max_pos = b->rope_orig_max_pos;
+    rope_init(tm);
+    if (td_tensor_present(&m->rope_freqs)) {
+        const int half = tm->c.head_dim / 2;
+        if (td_tensor_nelem(&m->rope_freqs) != half)
+            return td_err_set(err, TD_ERR_INVALID, "train: rope_freqs has the wrong size");
+        float ff[TD_ATTN_MAX_HEAD_DIM / 2];
+        td_to_f32(m->rope_freqs.type, m->rope_freqs.data, ff, half);
+        for (int i = 0; i < half; i++) {
+            if (!(ff[i] > 0.0f))
+                return td_err_set(err, TD_ERR_INVALID, "train: rope_freqs is not positive");
+            tm->inv_freq[i] /= ff[i];
+        }
+    }
+    return TD_OK;
+}
+
+// ------------------------------------------------------------------ forward
+
+// Runs layer l from res[l] into a (saved activations) and res[l + 1].
+static void layer_forward(td_tmodel *tm, int l, layer_acts *a) {
+    const td_model_config *c = &tm->c;
+    const layer_params *w = &tm->pw.l[l];
+    const int D = tm->D, qd = tm->qd, kvd = tm->kvd, F = tm->F, N = tm->N;
+    const float *x = tm->res[l];
+    rmsnorm(tm, x, w->attn_norm, a->xn1, N, D);
+    mm(tm, w->wq, w->bq, a->xn1, c->qk_norm ? a->qpre : a->q, qd, D);
+    mm(tm, w->wk, w->bk, a->xn1, c->qk_norm ? a->kpre : a->k, kvd, D);
+    mm(tm, w->wv, w->bv, a->xn1, a->v, kvd, D);
+    if (c->qk_norm) {
+        rmsnorm(tm, a->qpre, w->q_norm, a->q, N * c->n_heads, c->head_dim);
+        rmsnorm(tm, a->kpre, w->k_norm, a->k, N * c->n_kv_heads, c->head_dim);
+    }
+    rope(tm, a->q, tm->pos, c->n_heads);
+    rope(tm, a->k, tm->pos, c->n_kv_heads);
+    // The keys of sequence b are block b of a "cache" of block_size T: the inference kernel as is.
+    td_kv_layer kv = {.k = a->k,
+                      .v = a->v,
+                      .block_table = tm->blk_tab,
+                      .block_size = tm->p.seq_len,
+                      .kv_dim = kvd};
+    kjob j = {.k = tm->k,
+              .u.att = {.q = a->q,
+                        .kv = &kv,
+                        .seq_id = tm->seq_id,
+                        .pos = tm->pos,
+                        .out = a->att,
+                        .n_tok = N,
+                        .n_heads = c->n_heads,
+                        .n_kv_heads = c->n_kv_heads,
+                        .head_dim = c->head_dim,
+                        .scale = 1.0f / sqrtf((float)c->head_dim)}};
+    td_pool_run(tm->pool, t_attention, &j);
+    mm(tm, w->wo, NULL, a->att, a->xmid, D, qd);
+    j.u.add = (td_add_args){.y = a->xmid, .x = x, .n = (int64_t)N * D};
+    td_pool_run(tm->pool, t_add, &j);
+    rmsnorm(tm, a->xmid, w->ffn_norm, a->xn2, N, D);
+    mm(tm, w->w_gate, NULL, a->xn2, a->gate, F, D);
+    mm(tm, w->w_up, NULL, a->xn2, a->up, F, D);
+    memcpy(a->h, a->gate, (size_t)N * F * sizeof(float));
+    j.u.sm = (td_silu_mul_args){.gate = a->h, .up = a->up, .n = (int64_t)N * F};
+    td_pool_run(tm->pool, t_silu_mul, &j);
+    float *y = tm->res[l + 1];
+    mm(tm, w->w_down, NULL, a->h, y, D, F);
+    j.u.add = (td_add_args){.y = y, .x = a->xmid, .n = (int64_t)N * D};
+    td_pool_run(tm->pool, t_add, &j);
+}
+
+static layer_acts *acts_of(td_tmodel *tm, int l) { return &tm->la[tm->p.recompute ? 0 : l]; }
+
+td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t *targets,
+                            double *loss_sum, int *n_counted, td_err *err) {
+    if (!tm || !tokens) return td_err_set(err, TD_ERR_INVALID, "train: no model or tokens");
+    const int N = tm->N, V = tm->V;
+    for (int i = 0; i < N; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return td_err_set(err, TD_ERR_INVALID, "train: token %d: id %d is outside [0, %d)", i,
+                              tokens[i], V);
+        if (targets && (targets[i] < -1 || targets[i] >= V))
+            return td_err_set(err, TD_ERR_INVALID, "train: target %d: id %d is outside [-1, %d)", i,
+                              targets[i], V);
+    }
+    memcpy(tm->tokens, tokens, (size_t)N * sizeof(int32_t));
+    if (is_bf16(tm)) round_bf16(tm, tm->params, tm->wbf, tm->n_params);  // weights changed since
+    if (targets) memcpy(tm->targets, targets, (size_t)N * sizeof(int32_t));
+
+    td_tensor emb = {.type = TD_F32,
+                     .ndim = 2,
+                     .ne = {V, tm->D},
+                     .data = tm->pw.tok_embd,
+                     .nbytes = (size_t)V * tm->D * sizeof(float)};
+    kjob j = {.k = tm->k,
+              .u.emb = {.table = &emb, .tokens = tm->tokens, .y = tm->res[0], .n_tok = N}};
+    td_pool_run(tm->pool, t_embed, &j);
+    for (int l = 0; l < tm->L; l++) layer_forward(tm, l, acts_of(tm, l));
+    rmsnorm(tm, tm->res[tm->L], tm->pw.out_norm, tm->xnf, N, tm->D);
+    mm(tm, tm->pw.output, NULL, tm->xnf, tm->logits, V, tm->D);
+    tm->have_fwd = 1;
+    tm->have_targets = targets != NULL;
+
+    double sum = 0.0;
+    int cnt = 0;
+    if (targets) {
+        td_xent_args x = {.logits = tm->logits,
+                          .targets = tm->targets,
+                          .loss = tm->losses,
+                          .n_tok = N,
+                          .vocab = V,
+                          .want_grad = 0};
+        td_pool_run(tm->pool, t_xent, &x);
+        for (int i = 0; i < N; i++)
+            if (targets[i] >= 0) sum += tm->losses[i], cnt++;
+    }
+    if (loss_sum) *loss_sum = sum;
+    if (n_counted) *n_counted = cnt;
+    return TD_OK;
+}
+
+// ------------------------------------------------------------------ backward
+
+// On entry dres = d res[l + 1]; on return dres = d res[l]. Gradients are added to gw.l[l].
+static void layer_backward(td_tmodel *tm, int l, const layer_acts *a) {
+    const td_model_config *c = &tm->c;
+    const layer_params *w = &tm->pw.l[l], *g = &tm->gw.l[l];
+    const int D = tm->D, qd = tm->qd, kvd = tm->kvd, F = tm->F, N = tm->N;
+    // MLP: res[l+1] = xmid + w_down(silu(gate) * up), gate/up = w_{gate,up}(rmsnorm(xmid))
+    mm_bwd(tm, w->w_down, a->h, tm->dres, tm->dh, g->w_down, NULL, D, F, 0, 1);
+    td_swiglu_bwd_args sw = {.gate = a->gate,
+                             .up = a->up,
+                             .dh = tm->dh,
+                             .dgate = tm->dh,
+                             .dup = tm->dup,
+                             .n = (int64_t)N * F};
+    td_pool_run(tm->pool, t_swiglu_bwd, &sw);
+    mm_bwd(tm, w->w_gate, a->xn2, tm->dh, tm->dxn, g->w_gate, NULL, F, D, 0, 0);
+    mm_bwd(tm, w->w_up, a->xn2, tm->dup, tm->dxn, g->w_up, NULL, F, D, 1, 0);
+    rmsnorm_bwd(tm, a->xmid, w->ffn_norm, tm->dxn, tm->dres, g->ffn_norm, N, D,
+                1);  // dres = d xmid
+    // Attention: xmid = res[l] + wo(attn(rope(q), rope(k), v))
+    mm_bwd(tm, w->wo, a->att, tm->dres, tm->datt, g->wo, NULL, D, qd, 0, 1);
+    td_attention_bwd_args ab = {.q = a->q,
+                                .k = a->k,
+                                .v = a->v,
+                                .out = a->att,
+                                .dout = tm->datt,
+                                .dq = tm->dq,
+                                .dk = tm->dk,
+                                .dv = tm->dv,
+                                .scratch = tm->att_scratch,
+                                .n_seq = tm->p.batch,
+                                .seq_len = tm->p.seq_len,
+                                .n_heads = c->n_heads,
+                                .n_kv_heads = c->n_kv_heads,
+                                .head_dim = c->head_dim,
+                                .scale = 1.0f / sqrtf((float)c->head_dim)};
+    td_pool_run(tm->pool, t_att_bwd, &ab);
+    rope(tm, tm->dq, tm->negpos, c->n_heads);
+    rope(tm, tm->dk, tm->negpos, c->n_kv_heads);
+    float *dqp = tm->dq, *dkp = tm->dk;  // d(q, k) before the qk-norm
+    if (c->qk_norm) {                    // datt is free again; dkn is the qk-norm's own scratch
+        dqp = tm->datt, dkp = tm->dkn;
+        rmsnorm_bwd(tm, a->qpre, w->q_norm, tm->dq, dqp, g->q_norm, N * c->n_heads, c->head_dim, 0);
+        rmsnorm_bwd(tm, a->kpre, w->k_norm, tm->dk, dkp, g->k_norm, N * c->n_kv_heads, c->head_dim,
+                    0);
+    }
+    mm_bwd(tm, w->wq, a->xn1, dqp, tm->dxn, g->wq, g->bq, qd, D, 0, 0);
+    mm_bwd(tm, w->wk, a->xn1, dkp, tm->dxn, g->wk, g->bk, kvd, D, 1, 0);
+    mm_bwd(tm, w->wv, a->xn1, tm->dv, tm->dxn, g->wv, g->bv, kvd, D, 1, 0);
+    rmsnorm_bwd(tm, tm->res[l], w->attn_norm, tm->dxn, tm->dres, g->attn_norm, N, D, 1);
+}
+
+td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err) {
+    if (!tm || !tm->have_fwd || !tm->have_targets)
+        return td_err_set(err, TD_ERR_INVALID,
+                          "train: backward needs a forward with targets first");
+    const int N = tm->N, V = tm->V, D = tm->D;
+    tm->have_fwd = 0;
+    td_xent_args x = {.logits = tm->logits,
+                      .targets = tm->targets,
+                      .loss = tm->losses,
+                      .n_tok = N,
+                      .vocab = V,
+                      .dscale = dscale,
+                      .want_grad = 1};
+    td_pool_run(tm->pool, t_xent, &x);  // logits -> dlogits
+    mm_bwd(tm, tm->pw.output, tm->xnf, tm->logits, tm->dxn, tm->gw.output, NULL, V, D, 0, 0);
+    rmsnorm_bwd(tm, tm->res[tm->L], tm->pw.out_norm, tm->dxn, tm->dres, tm->gw.out_norm, N, D, 0);
+    for (int l = tm->L - 1; l >= 0; l--) {
+        // With recomputation the one activation block holds the last layer run: rerun layer l
+        // from its saved input (this also rewrites res[l + 1] with the same values).
+        if (tm->p.recompute && l != tm->L - 1) layer_forward(tm, l, acts_of(tm, l));
+        layer_backward(tm, l, acts_of(tm, l));
+    }
+    td_embed_bwd_args eb = {
+        .tokens = tm->tokens, .dy = tm->dres, .dtable = tm->gw.tok_embd, .n_tok = N, .dim = D};
+    td_pool_run(tm->pool, t_embed_bwd, &eb);
+    return TD_OK;
+}

@@ -1,0 +1,98 @@
+// The trainable Llama-family model: f32 master weights in one contiguous buffer with a view per
+// tensor, gradients in a second buffer of the same layout, and an activation buffer sized once from
+// (batch, seq_len); the forward that keeps what the backward needs, and the hand-written backward.
+// Not here: the optimizer (train/adamw.h), the step with accumulation and clipping
+// (train/trainer.h).
+#ifndef TD_TRAIN_MODEL_TRAIN_H
+#define TD_TRAIN_MODEL_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "base/threadpool.h"
+#include "model/config.h"
+#include "model/model.h"
+
+typedef enum {
+    TD_TRAIN_FP32 = 0,  // every matmul in f32 (the same kernels as the inference forward)
+    TD_TRAIN_BF16,      // matmul operands rounded to bf16, f32 accumulation; f32 master weights
+} td_train_precision;
+
+typedef enum {
+    TD_TRAIN_GEMM_KERNELS = 0,  // matmuls on the kernel table (forward) and kernels/backward.h
+    TD_TRAIN_GEMM_DNNL,         // oneDNN sgemm for every matmul (train/gemm.h; when built in)
+} td_train_gemm;
+
+typedef struct td_tmodel_params {
+    int batch;      // sequences per micro-batch (B)
+    int seq_len;    // tokens per sequence (T); positions 0..T-1
+    int n_threads;  // <= 0: all online CPUs
+    td_train_precision precision;
+    int recompute;       // 1: keep only each layer's input and recompute the layer in backward
+    td_train_gemm gemm;  // TD_TRAIN_GEMM_DNNL without oneDNN built in: create fails
+} td_tmodel_params;
+
+// batch 1, seq_len 64, n_threads 0, FP32, no recomputation.
+td_tmodel_params td_tmodel_default_params(void);
+
+// One parameter tensor: a view into the parameter buffer and the same view into the gradients.
+typedef struct td_tparam {
+    char name[64];       // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
+    float *data;         // into the parameter buffer
+    float *grad;         // into the gradient buffer (same offset)
+    size_t offset;       // elements from the start of the buffers
+    int64_t rows, cols;  // [rows, cols]; 1-D tensors have rows 1
+    int decay;           // 1: weight decay applies (matrices, embeddings); 0: norms and biases
+} td_tparam;
+
+typedef struct td_tmodel td_tmodel;
+
+// Sizes and allocates everything once (parameters, gradients, activations for B x T tokens,
+// gradient scratch). Parameters start at zero: call td_tmodel_init_random or td_tmodel_load.
+// c must pass td_config_validate; head_dim even and <= TD_ATTN_MAX_HEAD_DIM. On success *out is
+// owned by the caller (td_tmodel_free); on failure *out is NULL and nothing leaks.
+td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *p, td_tmodel **out,
+                           td_err *err);
+void td_tmodel_free(td_tmodel *tm);  // NULL is fine
+
+// Hugging Face initialisation: every matrix and embedding ~ normal(0, std) (std 0.02 usually),
+// norms 1, biases 0. Deterministic in seed.
+void td_tmodel_init_random(td_tmodel *tm, uint64_t seed, float std);
+
+// Copies (converting to f32) the weights of a loaded model whose config matches the one given
+// to create (sizes, tie, bias, qk-norm) and adopts its RoPE settings (style, theta, scaling,
+// GGUF rope_freqs) and norm eps; m is only read during the call. On failure the parameters may
+// be partly overwritten.
+td_status td_tmodel_load(td_tmodel *tm, const td_model *m, td_err *err);
+
+const td_model_config *td_tmodel_config(const td_tmodel *tm);
+td_tmodel_params td_tmodel_get_params(const td_tmodel *tm);
+int td_tmodel_n_tensors(const td_tmodel *tm);
+const td_tparam *td_tmodel_tensor(const td_tmodel *tm, int i);           // i in [0, n_tensors)
+const td_tparam *td_tmodel_find(const td_tmodel *tm, const char *name);  // NULL if absent
+float *td_tmodel_params_buf(td_tmodel *tm, size_t *n);  // n: elements (both buffers)
+float *td_tmodel_grads_buf(td_tmodel *tm, size_t *n);
+td_pool *td_tmodel_pool(td_tmodel *tm);  // the model's thread pool (borrowed)
+size_t td_tmodel_activation_bytes(const td_tmodel *tm);
+
+void td_tmodel_zero_grad(td_tmodel *tm);
+
+// Forward and backward allocate nothing and are not thread-safe (one caller per model; the model's
+// pool does the threading).
+
+// Forward over tokens[B*T] (row b*T + t is token t of sequence b). targets[B*T] (ids, or -1 to
+// ignore) may be NULL: then no loss. On success *loss_sum is the sum of per-token losses over the
+// counted targets and *n_counted their number (either pointer may be NULL). Logits stay available
+// through td_tmodel_logits until the next backward. Bad ids are TD_ERR_INVALID.
+td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t *targets,
+                            double *loss_sum, int *n_counted, td_err *err);
+
+// [B*T, vocab] logits of the last forward (overwritten by td_tmodel_backward).
+const float *td_tmodel_logits(const td_tmodel *tm);
+
+// Backward of the last forward (which must have had targets): ADDS d(dscale * sum of losses)/dθ to
+// the gradient buffer. dscale is 1/(counted targets over all micro-batches of the step) for a mean.
+td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err);
+
+#endif

@@ -1,0 +1,399 @@
+// The training loop: loader -> trainer steps -> checkpoints, with resume (see train_run.h).
+#include "train/train_run.h"
+
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "model/model.h"
+#include "train/ckpt.h"
+#include "train/eval.h"
+#include "train/loader.h"
+
+td_train_run_params td_train_run_default_params(void) {
+    td_train_run_params p;
+    memset(&p, 0, sizeof p);
+    td_model_config_init(&p.cfg);
+    p.cfg.arch = TD_ARCH_LLAMA;
+    p.cfg.dim = 128;
+    p.cfg.n_layers = 4;
+    p.cfg.n_heads = 4;
+    p.cfg.n_kv_heads = 4;
+    p.cfg.head_dim = 32;
+    p.cfg.ffn_dim = 384;
+    p.cfg.norm_eps = 1e-5f;
+    p.cfg.rope_theta = 10000.0f;
+    p.cfg.tie_embeddings = true;
+    p.model = td_tmodel_default_params();
+    p.model.batch = 4;
+    p.model.seq_len = 128;
+    p.trainer = td_trainer_default_params();
+    p.trainer.lr =
+        (td_lr_schedule){.max_lr = 3e-4f, .min_lr = 3e-5f, .warmup_steps = 50, .total_steps = 1000};
+    p.steps = 1000;
+    p.seed = 1;
+    p.init_std = 0.02f;
+    p.keep = 3;
+    p.eval_batches = 8;
+    return p;
+}
+
+// The model's hyper-parameters as an HF config.json object (what td_config_from_hf_json reads).
+static cJSON *config_json(const td_model_config *c) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model_type", td_arch_name(c->arch));
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(o, "hidden_size", c->dim);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_heads);
+    cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
+    cJSON_AddNumberToObject(o, "intermediate_size", c->ffn_dim);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_pos);
+    cJSON_AddNumberToObject(o, "rms_norm_eps", c->norm_eps);
+    cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_embeddings);
+    if (c->rope_scaling != TD_ROPE_SCALING_NONE) {
+        cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+        const int l3 = c->rope_scaling == TD_ROPE_SCALING_LLAMA3;
+        cJSON_AddStringToObject(rs, "rope_type", l3 ? "llama3" : "linear");
+        cJSON_AddNumberToObject(rs, "factor", c->rope_factor);
+        if (l3) {
+            cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_low_freq_factor);
+            cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq_factor);
+            cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_orig_max_pos);
+        }
+    }
+    if (c->bos_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", c->bos_id);
+    if (c->n_eos > 0) cJSON_AddNumberToObject(o, "eos_token_id", c->eos_ids[0]);
+    return o;
+}
+
+td_status td_train_ckpt_config(const td_ckpt *ck, td_model_config *out, td_err *err) {
+    cJSON *root = cJSON_Parse(td_ckpt_meta(ck));
+    const cJSON *c = root ? cJSON_GetObjectItemCaseSensitive(root, "config") : NULL;
+    char *text = cJSON_IsObject(c) ? cJSON_PrintUnformatted(c) : NULL;
+    cJSON_Delete(root);
+    if (!text) return td_err_set(err, TD_ERR_FORMAT, "checkpoint: metadata has no config object");
+    td_model_config_init(out);
+    td_status st = td_config_from_hf_json(out, text, strlen(text), "checkpoint config", err);
+    free(text);
+    return st;
+}
+
+td_status td_train_ckpt_get(void *ctx, const char *hf_name, float *dst, int64_t n, td_err *err) {
+    char nm[128];
+    snprintf(nm, sizeof nm, "param.%s", hf_name);
+    const td_ckpt_tensor *t = td_ckpt_find((const td_ckpt *)ctx, nm);
+    if (!t || t->dtype != TD_F32 || t->nbytes != (size_t)n * sizeof(float))
+        return td_err_set(err, TD_ERR_NOT_FOUND, "checkpoint: no f32 tensor %s of %lld elements",
+                          nm, (long long)n);
+    memcpy(dst, t->data, t->nbytes);
+    return TD_OK;
+}
+
+// Writes params, AdamW state and metadata as dir/ckpt-<step + 1>.tdck (the number of steps done).
+static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *tr, td_loader *ld,
+                      td_err *err) {
+    const int nt = td_tmodel_n_tensors(tm);
+    td_ckpt_tensor *ts = calloc((size_t)nt + 2, sizeof *ts);
+    char *names = calloc((size_t)nt, 80);
+    if (!ts || !names) {
+        free(ts);
+        free(names);
+        return td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
+    }
+    for (int i = 0; i < nt; i++) {
+        const td_tparam *t = td_tmodel_tensor(tm, i);
+        char *nm = names + (size_t)i * 80;
+        snprintf(nm, 80, "param.%s", t->name);
+        ts[i] = (td_ckpt_tensor){.name = nm,
+                                 .dtype = TD_F32,
+                                 .ndim = t->rows == 1 ? 1 : 2,
+                                 .shape = {t->rows == 1 ? t->cols : t->rows, t->cols},
+                                 .data = t->data,
+                                 .nbytes = (size_t)(t->rows * t->cols) * sizeof(float)};
+    }
+    td_adamw *o = td_trainer_adamw(tr);
+    const size_t n = td_adamw_size(o);
+    ts[nt] = (td_ckpt_tensor){.name = "adam.m",
+                              .dtype = TD_F32,
+                              .ndim = 1,
+                              .shape = {(int64_t)n},
+                              .data = td_adamw_m(o),
+                              .nbytes = n * sizeof(float)};
+    ts[nt + 1] = (td_ckpt_tensor){.name = "adam.v",
+                                  .dtype = TD_F32,
+                                  .ndim = 1,
+                                  .shape = {(int64_t)n},
+                                  .data = td_adamw_v(o),
+                                  .nbytes = n * sizeof(float)};
+    char pos[160];
+    td_loader_pos lp = td_loader_tell(ld);
+    td_loader_pos_format(&lp, pos, sizeof pos);
+    const long steps = td_trainer_step_count(tr);
+    char seed[20];
+    snprintf(seed, sizeof seed, "%016" PRIx64, p->seed);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddNumberToObject(root, "step", (double)steps);
+    cJSON_AddItemToObject(root, "loader", cJSON_Parse(pos));
+    cJSON_AddStringToObject(root, "seed", seed);
+    cJSON_AddItemToObject(root, "config", config_json(td_tmodel_config(tm)));
+    char *meta = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!meta) {
+        free(ts);
+        free(names);
+        return td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
+    }
+    char path[1024];
+    td_status st =
+        td_ckpt_dir_save(p->out_dir, steps, ts, nt + 2, meta, p->keep, path, sizeof path, err);
+    if (st == TD_OK && p->log) fprintf(p->log, "checkpoint %s\n", path);
+    free(meta);
+    free(ts);
+    free(names);
+    return st;
+}
+
+static td_status copy_params(td_tmodel *tm, const td_ckpt *ck, const char *what, td_err *err) {
+    for (int i = 0; i < td_tmodel_n_tensors(tm); i++) {
+        const td_tparam *t = td_tmodel_tensor(tm, i);
+        char nm[96];
+        snprintf(nm, sizeof nm, "param.%s", t->name);
+        const td_ckpt_tensor *c = td_ckpt_find(ck, nm);
+        const size_t nb = (size_t)(t->rows * t->cols) * sizeof(float);
+        if (!c || c->dtype != TD_F32 || c->nbytes != nb)
+            return td_err_set(err, TD_ERR_FORMAT, "%s: %s is missing or does not match the model",
+                              what, nm);
+        memcpy(t->data, c->data, nb);
+    }
+    return TD_OK;
+}
+
+td_status td_train_load_ckpt_params(td_tmodel *tm, const char *path, td_err *err) {
+    td_ckpt *ck = NULL;
+    td_status st = td_ckpt_open(path, &ck, err);
+    if (st) return st;
+    st = copy_params(tm, ck, path, err);
+    td_ckpt_close(ck);
+    return st;
+}
+
+// Restores params, AdamW state, step and data position from the newest checkpoint in out_dir.
+// *found = 0 when there is none.
+static td_status restore(const td_train_run_params *p, td_tmodel *tm, td_trainer *tr, td_loader *ld,
+                         int *found, td_err *err) {
+    *found = 0;
+    td_ckpt *ck = NULL;
+    int64_t step = 0;
+    td_status st = td_ckpt_dir_load_latest(p->out_dir, &ck, &step, err);
+    if (st == TD_ERR_NOT_FOUND) return TD_OK;
+    if (st) return st;
+    if ((st = copy_params(tm, ck, p->out_dir, err))) goto done;
+    td_adamw *o = td_trainer_adamw(tr);
+    const td_ckpt_tensor *m = td_ckpt_find(ck, "adam.m"), *v = td_ckpt_find(ck, "adam.v");
+    const size_t nb = td_adamw_size(o) * sizeof(float);
+    if (!m || !v || m->nbytes != nb || v->nbytes != nb || m->dtype != TD_F32 ||
+        v->dtype != TD_F32) {
+        st = td_err_set(err, TD_ERR_FORMAT, "%s: optimizer state missing or of another size",
+                        p->out_dir);
+        goto done;
+    }
+    memcpy(td_adamw_m(o), m->data, nb);
+    memcpy(td_adamw_v(o), v->data, nb);
+    cJSON *root = cJSON_Parse(td_ckpt_meta(ck));
+    const cJSON *js = root ? cJSON_GetObjectItemCaseSensitive(root, "step") : NULL;
+    const cJSON *jl = root ? cJSON_GetObjectItemCaseSensitive(root, "loader") : NULL;
+    char *lt = jl ? cJSON_PrintUnformatted(jl) : NULL;
+    td_loader_pos pos;
+    if (!cJSON_IsNumber(js) || js->valuedouble != (double)step || !lt) {
+        st = td_err_set(err, TD_ERR_FORMAT, "%s: checkpoint metadata lacks step or loader",
+                        p->out_dir);
+    } else if ((st = td_loader_pos_parse(lt, &pos, err)) == TD_OK &&
+               (st = td_loader_seek(ld, &pos, err)) == TD_OK) {
+        td_adamw_set_step_count(o, (long)step);
+        *found = 1;
+    }
+    free(lt);
+    cJSON_Delete(root);
+done:
+    td_ckpt_close(ck);
+    return st;
+}
+
+// Mean loss over the first eval_batches windows of the validation loader (rewound to start).
+static td_status evaluate(const td_train_run_params *p, td_tmodel *tm, td_loader *vl,
+                          const td_loader_pos *start, int32_t *win, int32_t *tok, int32_t *tgt,
+                          double *mean, td_err *err) {
+    const int B = p->model.batch, T = p->model.seq_len;
+    td_status st = td_loader_seek(vl, start, err);
+    double sum = 0.0;
+    long cnt = 0;
+    for (int k = 0; st == TD_OK && k < p->eval_batches; k++) {
+        td_loader_next(vl, win);
+        for (int b = 0; b < B; b++) {
+            memcpy(tok + (size_t)b * T, win + (size_t)b * (T + 1), (size_t)T * sizeof *tok);
+            memcpy(tgt + (size_t)b * T, win + (size_t)b * (T + 1) + 1, (size_t)T * sizeof *tgt);
+        }
+        // The per-token loss of `tandem eval` (train/eval.h) on the trainer's own logits.
+        if ((st = td_tmodel_forward(tm, tok, NULL, NULL, NULL, err))) break;
+        const float *lg = td_tmodel_logits(tm);
+        const int V = td_tmodel_config(tm)->vocab_size;
+        for (size_t i = 0; i < (size_t)B * T; i++) sum += td_eval_token_nll(lg + i * V, V, tgt[i]);
+        cnt += (long)B * T;
+    }
+    *mean = cnt ? sum / (double)cnt : NAN;
+    return st;
+}
+
+td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, td_err *err) {
+    td_train_run_result res = {0};
+    res.val_loss = NAN;
+    if (!p || !p->shards || p->n_shards <= 0)
+        return td_err_set(err, TD_ERR_INVALID, "train: no shards");
+    if ((p->resume || p->ckpt_every > 0) && !p->out_dir)
+        return td_err_set(err, TD_ERR_INVALID, "train: checkpoints need an output directory");
+    const int B = p->model.batch, T = p->model.seq_len, K = p->trainer.grad_accum;
+    if (B <= 0 || T <= 0 || K <= 0)
+        return td_err_set(err, TD_ERR_INVALID,
+                          "train: batch, seq_len and accumulation must be > 0");
+
+    td_loader_params lp = td_loader_default_params();
+    lp.paths = p->shards, lp.n_paths = p->n_shards, lp.B = B, lp.T = T, lp.seed = p->seed;
+    td_loader *ld = NULL, *vl = NULL;
+    td_loader_pos vstart = {0};
+    td_model *m = NULL;
+    td_tmodel *tm = NULL;
+    td_trainer *tr = NULL;
+    int32_t *win = NULL, *tok = NULL, *tgt = NULL;
+    FILE *metrics = NULL;
+    const double t_start = td_now();
+    td_status st = td_loader_open(&lp, &ld, err);
+    if (st) return st;
+    if (p->val_shards && p->n_val_shards > 0 && p->eval_batches > 0) {
+        td_loader_params vp = lp;
+        vp.paths = p->val_shards;
+        vp.n_paths = p->n_val_shards;
+        vp.shuffle = false;
+        if ((st = td_loader_open(&vp, &vl, err))) {
+            td_err_prefix(err, "validation shards: ");
+            goto done;
+        }
+        vstart = td_loader_tell(vl);
+    }
+
+    td_model_config cfg = p->cfg;
+    if (p->model_dir) {
+        if ((st = td_model_load(p->model_dir, &m, err))) goto done;
+        cfg = m->cfg;
+    } else if (cfg.vocab_size <= 0) {
+        cfg.vocab_size = td_loader_vocab(ld);
+    }
+    if (cfg.max_pos < T) cfg.max_pos = T;
+    if (vl && td_loader_vocab(vl) > cfg.vocab_size) {
+        st = td_err_set(err, TD_ERR_INVALID,
+                        "train: the validation shards' vocabulary (%d) exceeds the model's (%d)",
+                        td_loader_vocab(vl), cfg.vocab_size);
+        goto done;
+    }
+    if (td_loader_vocab(ld) > cfg.vocab_size) {
+        st = td_err_set(err, TD_ERR_INVALID,
+                        "train: the shards' vocabulary (%d) exceeds the model's (%d)",
+                        td_loader_vocab(ld), cfg.vocab_size);
+        goto done;
+    }
+    if ((st = td_tmodel_create(&cfg, &p->model, &tm, err))) goto done;
+    if (m) {
+        if ((st = td_tmodel_load(tm, m, err))) goto done;
+        td_model_free(m);
+        m = NULL;
+    } else {
+        td_tmodel_init_random(tm, p->seed, p->init_std);
+    }
+    if ((st = td_trainer_create(tm, &p->trainer, &tr, err))) goto done;
+    int resumed = 0;
+    if (p->resume && (st = restore(p, tm, tr, ld, &resumed, err))) goto done;
+    const size_t N = (size_t)B * T;
+    win = malloc((size_t)B * (T + 1) * sizeof *win);
+    tok = malloc(N * K * sizeof *tok);
+    tgt = malloc(N * K * sizeof *tgt);
+    if (!win || !tok || !tgt) {
+        st = td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
+        goto done;
+    }
+    if (p->metrics_path && !(metrics = fopen(p->metrics_path, "a"))) {
+        st = td_err_set(err, TD_ERR_IO, "train: cannot open %s for appending", p->metrics_path);
+        goto done;
+    }
+    size_t np;
+    td_tmodel_params_buf(tm, &np);
+    if (p->log)
+        fprintf(p->log,
+                "train: %zu parameters, %d layers, dim %d, vocab %d, batch %d x %d x %d, %s%s%s\n",
+                np, cfg.n_layers, cfg.dim, cfg.vocab_size, K, B, T,
+                p->model.precision == TD_TRAIN_BF16 ? "bf16" : "fp32",
+                p->model.recompute ? ", recompute" : "", resumed ? ", resumed" : "");
+    for (long s = td_trainer_step_count(tr); s < p->steps; s++) {
+        const double t0 = td_now();
+        for (int k = 0; k < K; k++) {
+            td_loader_next(ld, win);
+            for (int b = 0; b < B; b++) {
+                memcpy(tok + k * N + (size_t)b * T, win + (size_t)b * (T + 1),
+                       (size_t)T * sizeof *tok);
+                memcpy(tgt + k * N + (size_t)b * T, win + (size_t)b * (T + 1) + 1,
+                       (size_t)T * sizeof *tgt);
+            }
+        }
+        td_step_stats ss;
+        if ((st = td_trainer_step(tr, tok, tgt, &ss, err))) goto done;
+        const double dt = td_now() - t0;
+        if (res.steps_done == 0) res.first_loss = ss.loss;
+        res.steps_done++;
+        res.last_step = ss.step;
+        res.last_loss = ss.loss;
+        if (p->log)
+            fprintf(p->log, "step %ld/%ld | loss %.4f | lr %.3e | norm %.3f | %.0f tok/s\n",
+                    ss.step + 1, p->steps, ss.loss, (double)ss.lr, ss.grad_norm,
+                    dt > 0 ? (double)(N * K) / dt : 0.0);
+        if (!isfinite(ss.loss)) {
+            st = td_err_set(err, TD_ERR_INVALID, "train: the loss is not finite at step %ld",
+                            ss.step + 1);
+            goto done;
+        }
+        const int last = s + 1 == p->steps;
+        const int eval = vl && ((p->eval_every > 0 && (s + 1) % p->eval_every == 0) || last);
+        if (eval) {
+            if ((st = evaluate(p, tm, vl, &vstart, win, tok, tgt, &res.val_loss, err))) goto done;
+            if (p->log) fprintf(p->log, "val %ld | loss %.4f\n", ss.step + 1, res.val_loss);
+        }
+        if (metrics) {  // JSON lines for `tandem plot` (docs/eval.md)
+            fprintf(metrics,
+                    "{\"step\":%ld,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
+                    "\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f",
+                    ss.step + 1, ss.loss, (double)ss.lr, ss.grad_norm,
+                    dt > 0 ? (double)(N * K) / dt : 0.0, td_now() - t_start);
+            if (eval) fprintf(metrics, ",\"val_loss\":%.6f", res.val_loss);
+            fputs("}\n", metrics);
+            fflush(metrics);
+        }
+        if (p->out_dir && ((p->ckpt_every > 0 && (s + 1) % p->ckpt_every == 0) || last) &&
+            (st = save(p, tm, tr, ld, err)))
+            goto done;
+    }
+done:
+    if (metrics) fclose(metrics);
+    free(win);
+    free(tok);
+    free(tgt);
+    td_trainer_free(tr);
+    td_tmodel_free(tm);
+    td_model_free(m);
+    td_loader_close(ld);
+    td_loader_close(vl);
+    if (out) *out = res;
+    return st;
+}

@@ -1,0 +1,72 @@
+// The training loop behind `tandem train`: token shards -> deterministic batches (loader.h) ->
+// trainer steps (trainer.h) -> rotating atomic checkpoints (ckpt.h) with resume, and a progress
+// line per step. From scratch (HF-style random init) or from a model directory.
+// Not here: argument parsing (cli/cmd_train.c), export to HF/GGUF, data-parallel ranks.
+#ifndef TD_TRAIN_TRAIN_RUN_H
+#define TD_TRAIN_TRAIN_RUN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "base/status.h"
+#include "model/config.h"
+#include "train/model_train.h"
+#include "train/trainer.h"
+
+typedef struct td_train_run_params {
+    const char *const *shards;  // token shard files (shards.h)
+    int n_shards;
+    const char
+        *model_dir;       // start from these weights (HF dir or .gguf); NULL: from scratch with cfg
+    td_model_config cfg;  // used from scratch; vocab_size 0 = the shards' vocabulary
+    td_tmodel_params model;  // batch, seq_len, threads, precision, recompute
+    td_trainer_params trainer;
+    long steps;           // optimizer steps in total (a resumed run continues up to this)
+    uint64_t seed;        // initialisation and data order
+    float init_std;       // 0.02
+    const char *out_dir;  // checkpoints (ckpt-<step>.tdck); NULL: none
+    long ckpt_every;      // steps between checkpoints (and one at the end); <= 0: only the end
+    int keep;             // checkpoints kept (<= 0: all)
+    int resume;           // continue from the newest checkpoint in out_dir if there is one
+    FILE *log;            // progress lines (NULL: none)
+    const char *const *val_shards;  // validation shards (NULL: no evaluation)
+    int n_val_shards;
+    long eval_every;   // steps between evaluations (and one at the end); <= 0: only the end
+    int eval_batches;  // batches of B x T per evaluation, from the start of the val shards (8)
+    const char *metrics_path;  // JSON lines appended per step (`tandem plot`); NULL: none
+} td_train_run_params;
+
+// Defaults: a small llama (dim 128, 4 layers, 4 heads, ffn 384, tied), batch 4 x 128, accumulation
+// 1, 1000 steps, lr 3e-4 -> 3e-5 over the run with 50 warm-up steps, clip 1, seed 1, keep 3.
+td_train_run_params td_train_run_default_params(void);
+
+typedef struct td_train_run_result {
+    long steps_done;    // steps taken by this call
+    long last_step;     // index of the last step (total steps so far - 1)
+    double first_loss;  // loss of this call's first step
+    double last_loss;   // loss of the last step
+    double val_loss;    // mean loss of the last evaluation (NAN if none)
+} td_train_run_result;
+
+// Runs the loop. Progress: "step S/N | loss L | lr R | norm G | T tok/s", and "val S | loss L"
+// after evaluations (the same first eval_batches windows every time, in order, no shuffling; the
+// per-token loss of td_eval_token_nll, as `tandem eval`). metrics_path gets one JSON object per
+// step: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"[, "val_loss"]}.
+// A checkpoint holds every parameter by HF name ("param.<name>", f32), the AdamW moments
+// ("adam.m", "adam.v", flat) and metadata {"step", "loader", "seed", "config": {HF config.json
+// keys}}; resuming restores them and the data position, so a run cut at a checkpoint and resumed
+// equals the uninterrupted run bit for bit. out may be NULL.
+td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, td_err *err);
+
+// The final (or any) weights of a run's trainable model, for tests and export: opens a
+// checkpoint written by td_train_run and copies its parameters into tm (same layout).
+td_status td_train_load_ckpt_params(td_tmodel *tm, const char *ckpt_path, td_err *err);
+
+// For export (model/export.h's td_export_get_fn shape): the model config stored in a checkpoint's
+// metadata (parsed as an HF config.json), and the f32 values of parameter hf_name (ctx: the
+// opened const td_ckpt *; TD_ERR_NOT_FOUND for an absent tensor or another size).
+struct td_ckpt;
+td_status td_train_ckpt_config(const struct td_ckpt *ck, td_model_config *out, td_err *err);
+td_status td_train_ckpt_get(void *ctx, const char *hf_name, float *dst, int64_t n, td_err *err);
+
+#endif
