@@ -253,8 +253,8 @@ static void test_split(void) {
     char a[1300], b[1300];
     snprintf(a, sizeof a, "%s/a-val-000000.tdsh", d);
     snprintf(b, sizeof b, "%s/b-val-000000.tdsh", d);
-    char *ta, *tb;
-    size_t la, lb;
+    char *ta = NULL, *tb = NULL;
+    size_t la = 0, lb = 0;
     CHECK(!td_read_file(a, 0, &ta, &la, &err) && !td_read_file(b, 0, &tb, &lb, &err) && la == lb &&
               !memcmp(ta, tb, la),
           "same seed, different validation shards");
