@@ -1,0 +1,350 @@
+// AVX-512 matmul y = x W^T (+ bias) for every weight dtype, register-blocked over rows x tokens.
+// Exact family: weights dequantized in registers (bit-identical to td_to_f32), f32 activations,
+// FMA; differs from the ref only by f32 summation order. Int8 family (Q8_0/Q4_0): activations
+// quantized per 32-element block to int8 + f32 scale, integer dots with VNNI vpdpbusd; BF16 with
+// vdpbf16ps on bf16-rounded activations. Not here: AVX2 or AMX variants, weight repacking.
+//
+// Batch invariance: every (row, token) pair owns one accumulator that sees the same operations in
+// the same order whatever tile it is computed in (a partial tile repeats its last row/token), so a
+// token's output never depends on the other tokens of the batch or on the thread split.
+#include "kernels/x86/x86.h"
+
+#ifdef TD_KERNELS_X86
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "base/threadpool.h"
+#include "kernels/x86/avx512_impl.h"
+
+TD_X86_TARGET_BEGIN
+
+enum {
+    MR = 4,  // prefill tile: rows
+    MT = 4,  // prefill tile: tokens
+    DR = 8,  // decode tile (one token): rows
+    L2_BLOCK = 256 * 1024,  // bytes of weight rows kept hot while every token tile passes over them
+};
+
+#define INL static inline __attribute__((always_inline))
+
+// ---- exact family -------------------------------------------------------------------------------
+
+// Elements [i, i + 32) of a weight row as two f32 vectors (m0/m1 mask a float row's tail; quantized
+// rows hold whole 32-element blocks). Products d * q are exact in f32, as in td_to_f32.
+INL void load_w32(td_dtype dt, const uint8_t *row, int64_t i, __mmask16 m0, __mmask16 m1, __m512 *w0,
+                  __m512 *w1) {
+    switch (dt) {
+    case TD_F32: {
+        const float *p = (const float *)row + i;
+        *w0 = _mm512_maskz_loadu_ps(m0, p);
+        *w1 = _mm512_maskz_loadu_ps(m1, p + 16);
+        break;
+    }
+    case TD_F16: {
+        const uint16_t *p = (const uint16_t *)row + i;
+        *w0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m0, p));
+        *w1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m1, p + 16));
+        break;
+    }
+    case TD_BF16: {
+        const uint16_t *p = (const uint16_t *)row + i;
+        *w0 = td_x86_bf16x16(_mm256_maskz_loadu_epi16(m0, p));
+        *w1 = td_x86_bf16x16(_mm256_maskz_loadu_epi16(m1, p + 16));
+        break;
+    }
+    case TD_Q8_0: {
+        const td_block_q8_0 *b = (const td_block_q8_0 *)row + i / TD_QK;
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+        *w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->q))));
+        *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->q + 16)))));
+        break;
+    }
+    default: {  // TD_Q4_0
+        const td_block_q4_0 *b = (const td_block_q4_0 *)row + i / TD_QK;
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs)), eight = _mm512_set1_epi32(8);
+        const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(q, _mm512_set1_epi32(15)), eight);
+        const __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight);
+        *w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(lo));
+        *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(hi));
+        break;
+    }
+    }
+}
+
+// One 32-element step of an NR x NT tile: acc[r][t] += w[r][i:i+32] . x[t][i:i+32] (two FMAs, in
+// order). With BF16 and lowp, vdpbf16ps on the bf16-rounded activations instead.
+INL void exact_step(td_dtype dt, int lowp, int NR, int NT, const uint8_t *const *w, const float *const *x,
+                    int64_t i, __mmask16 m0, __mmask16 m1, __m512 acc[DR][MT]) {
+    if (lowp) {
+        __m512bh xb[MT];
+TD_UNROLL
+        for (int t = 0; t < NT; t++)
+            xb[t] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, x[t] + i + 16), _mm512_maskz_loadu_ps(m0, x[t] + i));
+        const __mmask32 m = (__mmask32)m0 | ((__mmask32)m1 << 16);
+TD_UNROLL
+        for (int r = 0; r < NR; r++) {
+            const __m512bh wb = (__m512bh)_mm512_maskz_loadu_epi16(m, (const uint16_t *)w[r] + i);
+TD_UNROLL
+            for (int t = 0; t < NT; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wb, xb[t]);
+        }
+        return;
+    }
+    __m512 x0[MT], x1[MT];
+TD_UNROLL
+    for (int t = 0; t < NT; t++) {
+        x0[t] = _mm512_maskz_loadu_ps(m0, x[t] + i);
+        x1[t] = _mm512_maskz_loadu_ps(m1, x[t] + i + 16);
+    }
+TD_UNROLL
+    for (int r = 0; r < NR; r++) {
+        __m512 w0, w1;
+        load_w32(dt, w[r], i, m0, m1, &w0, &w1);
+TD_UNROLL
+        for (int t = 0; t < NT; t++) {
+            acc[r][t] = _mm512_fmadd_ps(w0, x0[t], acc[r][t]);
+            acc[r][t] = _mm512_fmadd_ps(w1, x1[t], acc[r][t]);
+        }
+    }
+}
+
+// out[r * MT + t] = dot(w[r], x[t]) over n_in elements.
+INL void exact_tile(td_dtype dt, int lowp, int NR, int NT, const uint8_t *const *w, const float *const *x,
+                    int64_t n_in, float *out) {
+    __m512 acc[DR][MT];
+TD_UNROLL
+    for (int r = 0; r < NR; r++)
+TD_UNROLL
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    const int64_t n32 = n_in & ~(int64_t)31;
+    for (int64_t i = 0; i < n32; i += 32) exact_step(dt, lowp, NR, NT, w, x, i, 0xffff, 0xffff, acc);
+    if (n32 < n_in) {  // float rows only: masked tail, zeros beyond n_in
+        const int rem = (int)(n_in - n32);
+        const __mmask16 m0 = rem >= 16 ? 0xffff : (__mmask16)((1u << rem) - 1);
+        const __mmask16 m1 = rem <= 16 ? 0 : (__mmask16)((1u << (rem - 16)) - 1);
+        exact_step(dt, lowp, NR, NT, w, x, n32, m0, m1, acc);
+    }
+TD_UNROLL
+    for (int r = 0; r < NR; r++)
+TD_UNROLL
+        for (int t = 0; t < NT; t++) out[r * MT + t] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+typedef void (*tile_fn)(const uint8_t *const *w, const float *const *x, int64_t n_in, float *out);
+
+#define EXACT_TILES(name, dt, lowp)                                                                    \
+    static void name##_prefill(const uint8_t *const *w, const float *const *x, int64_t n, float *o) { \
+        exact_tile(dt, lowp, MR, MT, w, x, n, o);                                                     \
+    }                                                                                                  \
+    static void name##_decode(const uint8_t *const *w, const float *const *x, int64_t n, float *o) {  \
+        exact_tile(dt, lowp, DR, 1, w, x, n, o);                                                      \
+    }
+EXACT_TILES(f32, TD_F32, 0)
+EXACT_TILES(f16, TD_F16, 0)
+EXACT_TILES(bf16, TD_BF16, 0)
+EXACT_TILES(q8, TD_Q8_0, 0)
+EXACT_TILES(q4, TD_Q4_0, 0)
+EXACT_TILES(bf16dp, TD_BF16, 1)
+
+// The driver shared by both families: a slice's rows in L2-sized blocks; within a block every
+// token tile passes over the block's row tiles. tiles[0] = prefill (MR x MT), tiles[1] = decode.
+static void run_tiles(const td_matmul_args *a, int ith, int nth, const tile_fn tiles[2]) {
+    const td_tensor *w = a->w;
+    const int64_t n_out = w->ne[0], n_in = w->ne[1];
+    const size_t rb = td_row_bytes(w->type, n_in);
+    const int decode = a->n_tok == 1;
+    const int nr = decode ? DR : MR, nt = decode ? 1 : MT;
+    long lo, hi;
+    td_split((long)n_out, ith, nth, &lo, &hi);
+    long block = (long)(L2_BLOCK / rb) / nr * nr;
+    if (block < nr) block = nr;
+    if (a->n_tok <= nt) block = hi - lo;  // one token tile: nothing to keep hot
+    for (long b0 = lo; b0 < hi; b0 += block) {
+        const long b1 = hi - b0 < block ? hi : b0 + block;
+        for (int t0 = 0; t0 < a->n_tok; t0 += nt) {
+            const int ntv = a->n_tok - t0 < nt ? a->n_tok - t0 : nt;
+            const float *x[MT];
+            for (int t = 0; t < nt; t++) x[t] = a->x + (size_t)(t0 + (t < ntv ? t : ntv - 1)) * n_in;
+            for (long r0 = b0; r0 < b1; r0 += nr) {
+                const int nrv = b1 - r0 < nr ? (int)(b1 - r0) : nr;
+                const uint8_t *wr[DR];
+                for (int r = 0; r < nr; r++)
+                    wr[r] = (const uint8_t *)w->data + (size_t)(r0 + (r < nrv ? r : nrv - 1)) * rb;
+                float out[DR * MT];
+                tiles[decode](wr, x, n_in, out);
+                for (int r = 0; r < nrv; r++)
+                    for (int t = 0; t < ntv; t++)
+                        a->y[(size_t)(t0 + t) * n_out + r0 + r] = (a->bias ? a->bias[r0 + r] : 0.0f) + out[r * MT + t];
+            }
+        }
+    }
+}
+
+static const tile_fn exact_tiles[TD_DTYPE_COUNT][2] = {
+    [TD_F32] = {f32_prefill, f32_decode},   [TD_F16] = {f16_prefill, f16_decode},
+    [TD_BF16] = {bf16_prefill, bf16_decode}, [TD_Q8_0] = {q8_prefill, q8_decode},
+    [TD_Q4_0] = {q4_prefill, q4_decode},
+};
+
+void td_avx512_matmul(const td_matmul_args *a, int ith, int nth) { run_tiles(a, ith, nth, exact_tiles[a->w->type]); }
+
+// ---- int8 family (Q8_0, Q4_0 weights) ----------------------------------------------------------
+
+// Activations are quantized per 32-element block: dx = max|x| / 127, q = round(x / dx) (nearest
+// even), kept with an f32 scale (GGUF's Q8_0 keeps f16; f32 is slightly more accurate). Two blocks
+// (A, B) form one 64-byte pair laid out as the weights unpack, so no shuffles are needed per row:
+//   Q8_0 weights: [A 0..31 | B 0..31];  Q4_0 weights: [A 0..15 | B 0..15 | A 16..31 | B 16..31].
+// vpdpbusd multiplies unsigned by signed bytes: weights are made unsigned (Q8_0: q + 128 by xor
+// 0x80; Q4_0: the raw nibble, q + 8) and the excess K * sum(qx) per block is pre-subtracted through
+// `off`, the accumulator's initial value (one lane per block).
+typedef struct {
+    int8_t q[64];
+    float d[16];    // dx per int32 lane
+    int32_t off[16];
+} xpair;
+
+enum { CHUNK_PAIRS = 32 };  // 2048 activation elements quantized per token at a time (stack)
+
+// Quantizes `np` pairs of one token's activations (elements from x, n_blocks blocks left in the row).
+static void quantize_pairs(const float *x, int64_t n_blocks, int np, int q4, xpair *out) {
+    for (int p = 0; p < np; p++, x += 64, n_blocks -= 2) {
+        __m128i part[4];  // 16-byte quarters in element order: A lo, A hi, B lo, B hi
+        float dx[2];
+        int32_t sum[2];
+        for (int k = 0; k < 2; k++) {
+            if (k >= n_blocks) {  // odd block count: an empty B block
+                part[2 * k] = part[2 * k + 1] = _mm_setzero_si128();
+                dx[k] = 0.0f, sum[k] = 0;
+                continue;
+            }
+            const __m512 v0 = _mm512_loadu_ps(x + 32 * k), v1 = _mm512_loadu_ps(x + 32 * k + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            dx[k] = amax / 127.0f;
+            const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+            part[2 * k] = _mm512_cvtepi32_epi8(i0);
+            part[2 * k + 1] = _mm512_cvtepi32_epi8(i1);
+            sum[k] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        }
+        xpair *o = &out[p];
+        const int order_q8[4] = {0, 1, 2, 3}, order_q4[4] = {0, 2, 1, 3};
+        for (int k = 0; k < 4; k++)
+            _mm_storeu_si128((__m128i *)(o->q + 16 * k), part[q4 ? order_q4[k] : order_q8[k]]);
+        const int32_t excess = q4 ? 8 : 128;
+        memset(o->off, 0, sizeof o->off);
+        for (int l = 0; l < 16; l++) {
+            const int blk = q4 ? (l >> 2) & 1 : l >> 3;
+            o->d[l] = dx[blk];
+        }
+        o->off[0] = -excess * sum[0];
+        o->off[q4 ? 4 : 8] = -excess * sum[1];
+    }
+}
+
+static const td_block_q8_0 zero_q8;
+static const td_block_q4_0 zero_q4;
+
+// A weight pair (blocks 2p, 2p + 1 of a row; B empty past the end) as unsigned bytes + scales.
+INL void load_wpair(int q4, const uint8_t *row, int64_t blk, int64_t n_blocks, __m512i *wq, __m512 *wd) {
+    if (q4) {
+        const td_block_q4_0 *a = (const td_block_q4_0 *)row + blk, *b = blk + 1 < n_blocks ? a + 1 : &zero_q4;
+        const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a->qs)),
+                                                  _mm_loadu_si128((const __m128i *)b->qs), 1);
+        const __m256i m = _mm256_set1_epi8(15);
+        *wq = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m)),
+                                 _mm256_and_si256(_mm256_srli_epi16(v, 4), m), 1);
+        *wd = _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(_cvtsh_ss(a->d)), _mm512_set1_ps(_cvtsh_ss(b->d)));
+    } else {
+        const td_block_q8_0 *a = (const td_block_q8_0 *)row + blk, *b = blk + 1 < n_blocks ? a + 1 : &zero_q8;
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a->q)),
+                                             _mm256_loadu_si256((const __m256i *)b->q), 1);
+        *wq = _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+        *wd = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(_cvtsh_ss(a->d)), _mm512_set1_ps(_cvtsh_ss(b->d)));
+    }
+}
+
+// acc[r][t] += sum over the chunk's pairs of (int dot + off) * dw * dx, per lane, in pair order.
+INL void int8_tile(int q4, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0,
+                   int np, int64_t n_blocks, __m512 acc[DR][MT]) {
+    for (int p = 0; p < np; p++) {
+        __m512i xq[MT];
+TD_UNROLL
+        for (int t = 0; t < NT; t++) xq[t] = _mm512_loadu_si512(x[t][p].q);
+TD_UNROLL
+        for (int r = 0; r < NR; r++) {
+            __m512i wq;
+            __m512 wd;
+            load_wpair(q4, w[r], blk0 + 2 * p, n_blocks, &wq, &wd);
+TD_UNROLL
+            for (int t = 0; t < NT; t++) {
+                const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(x[t][p].off), wq, xq[t]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), wd), _mm512_loadu_ps(x[t][p].d), acc[r][t]);
+            }
+        }
+    }
+}
+
+INL void int8_matmul(int q4, int NR, int NT, const td_matmul_args *a, int ith, int nth) {
+    const td_tensor *w = a->w;
+    const int64_t n_out = w->ne[0], n_in = w->ne[1], n_blocks = n_in / TD_QK, n_pairs = (n_blocks + 1) / 2;
+    const size_t rb = td_row_bytes(w->type, n_in);
+    long lo, hi;
+    td_split((long)n_out, ith, nth, &lo, &hi);
+    long block = (long)(L2_BLOCK / rb) / NR * NR;
+    if (block < NR) block = NR;
+    if (a->n_tok <= NT) block = hi - lo;
+    xpair xbuf[MT][CHUNK_PAIRS];
+    for (long b0 = lo; b0 < hi; b0 += block) {
+        const long b1 = hi - b0 < block ? hi : b0 + block;
+        for (int t0 = 0; t0 < a->n_tok; t0 += NT) {
+            const int ntv = a->n_tok - t0 < NT ? a->n_tok - t0 : NT;
+            for (int64_t p0 = 0; p0 < n_pairs; p0 += CHUNK_PAIRS) {
+                const int np = n_pairs - p0 < CHUNK_PAIRS ? (int)(n_pairs - p0) : CHUNK_PAIRS;
+                const xpair *x[MT];
+                for (int t = 0; t < NT; t++) {
+                    if (t < ntv)
+                        quantize_pairs(a->x + (size_t)(t0 + t) * n_in + p0 * 64, n_blocks - 2 * p0, np, q4, xbuf[t]);
+                    x[t] = xbuf[t < ntv ? t : ntv - 1];
+                }
+                for (long r0 = b0; r0 < b1; r0 += NR) {
+                    const int nrv = b1 - r0 < NR ? (int)(b1 - r0) : NR;
+                    const uint8_t *wr[DR];
+                    for (int r = 0; r < NR; r++)
+                        wr[r] = (const uint8_t *)w->data + (size_t)(r0 + (r < nrv ? r : nrv - 1)) * rb;
+                    __m512 acc[DR][MT];
+TD_UNROLL
+                    for (int r = 0; r < NR; r++)
+TD_UNROLL
+                        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+                    int8_tile(q4, NR, NT, wr, x, 2 * p0, np, n_blocks, acc);
+                    for (int r = 0; r < nrv; r++)
+                        for (int t = 0; t < ntv; t++) {
+                            float *y = &a->y[(size_t)(t0 + t) * n_out + r0 + r];
+                            const float s = _mm512_reduce_add_ps(acc[r][t]);
+                            *y = p0 ? *y + s : (a->bias ? a->bias[r0 + r] : 0.0f) + s;
+                        }
+                }
+            }
+        }
+    }
+}
+
+static void q8_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_matmul(0, MR, MT, a, ith, nth); }
+static void q8_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(0, DR, 1, a, ith, nth); }
+static void q4_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, MR, MT, a, ith, nth); }
+static void q4_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, DR, 1, a, ith, nth); }
+
+void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth) {
+    static const tile_fn bf16dp[2] = {bf16dp_prefill, bf16dp_decode};
+    const int decode = a->n_tok == 1;
+    switch (a->w->type) {
+    case TD_Q8_0: (decode ? q8_int8_decode : q8_int8_prefill)(a, ith, nth); break;
+    case TD_Q4_0: (decode ? q4_int8_decode : q4_int8_prefill)(a, ith, nth); break;
+    case TD_BF16: run_tiles(a, ith, nth, bf16dp); break;
+    default: td_avx512_matmul(a, ith, nth); break;
+    }
+}
+
+TD_X86_TARGET_END
+#endif
