@@ -2,7 +2,7 @@
 // a 110M Llama (dim 768, ffn 2048, vocab 32000) and Qwen2.5-0.5B (hidden 896, ffn 4864, vocab
 // 151936), through the CPU backend: decode (n_tok = 1: weight GB/s) and prefill (n_tok = 512:
 // GFLOP/s). One line per case: mean and std over repetitions. Usage: bench_kernels [n_threads=2]
-// [quick=0]. Compare with bench_ceilings. Not a test; numbers depend on the machine and its load.
+// [quick=0] [shape filter] [dtype filter] (substrings). Compare with bench_ceilings. Not a test; numbers depend on the machine and its load.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -49,6 +49,7 @@ static void time_it(td_backend *be, const td_tensor *w, const float *x, float *y
 
 int main(int argc, char **argv) {
     const int nt = argc > 1 ? atoi(argv[1]) : 2, quick = argc > 2 ? atoi(argv[2]) : 0;
+    const char *only_shape = argc > 3 ? argv[3] : "", *only_dtype = argc > 4 ? argv[4] : "";
     const int prefill_tok = 512;
     td_backend *be[3] = {0};
     for (int s = 0; s < 3; s++) {
@@ -64,11 +65,13 @@ int main(int argc, char **argv) {
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
         const shape *sh = &SHAPES[si];
         const int head = strstr(sh->name, "lm_head") != NULL;
+        if (!strstr(sh->name, only_shape)) continue;
         float *wf = malloc((size_t)sh->n_out * sh->n_in * sizeof *wf);
         for (size_t i = 0; i < (size_t)sh->n_out * sh->n_in; i++) wf[i] = frand() * 0.1f;
         for (size_t di = 0; di < sizeof DTYPES / sizeof DTYPES[0]; di++) {
             const td_dtype dt = DTYPES[di];
             if (head && dt == TD_F32 && sh->n_out > 100000) continue;  // 545 MB: skip
+            if (!strstr(td_dtype_name(dt), only_dtype)) continue;
             const size_t rb = td_row_bytes(dt, sh->n_in), bytes = rb * (size_t)sh->n_out;
             void *wq = malloc(bytes);
             for (int r = 0; r < sh->n_out; r++) td_from_f32(dt, wf + (size_t)r * sh->n_in, (uint8_t *)wq + r * rb, sh->n_in);

@@ -23,10 +23,16 @@ enum {
     MR = 4,  // prefill tile: rows
     MT = 4,  // prefill tile: tokens
     DR = 8,  // decode tile (one token): rows
-    L2_BLOCK = 256 * 1024,  // bytes of weight rows kept hot while every token tile passes over them
+    L2_BLOCK = 256 * 1024,
+    PF_ROWS = 16,  // rows ahead that the row loop prefetches (the hardware misses many short rows)  // bytes of weight rows kept hot while every token tile passes over them
 };
 
 #define INL static inline __attribute__((always_inline))
+
+// Prefetches [p, p + bytes) (one hint per cache line): rows PF_ROWS ahead of the tile.
+INL void prefetch(const char *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
 
 // ---- exact family -------------------------------------------------------------------------------
 
@@ -73,10 +79,20 @@ INL void load_w32(td_dtype dt, const uint8_t *row, int64_t i, __mmask16 m0, __mm
     }
 }
 
+// Bytes of a row's first n elements (n a multiple of 32 for quantized rows).
+INL size_t step_bytes(td_dtype dt, int64_t n) {
+    switch (dt) {
+    case TD_F32: return (size_t)n * 4;
+    case TD_F16: case TD_BF16: return (size_t)n * 2;
+    case TD_Q8_0: return (size_t)n / TD_QK * sizeof(td_block_q8_0);
+    default: return (size_t)n / TD_QK * sizeof(td_block_q4_0);
+    }
+}
+
 // One 32-element step of an NR x NT tile: acc[r][t] += w[r][i:i+32] . x[t][i:i+32] (two FMAs, in
 // order). With BF16 and lowp, vdpbf16ps on the bf16-rounded activations instead.
 INL void exact_step(td_dtype dt, int lowp, int NR, int NT, const uint8_t *const *w, const float *const *x,
-                    int64_t i, __mmask16 m0, __mmask16 m1, __m512 acc[DR][MT]) {
+                    int64_t i, __mmask16 m0, __mmask16 m1, size_t pf, __m512 acc[DR][MT]) {
     if (lowp) {
         __m512bh xb[MT];
 TD_UNROLL
@@ -86,6 +102,7 @@ TD_UNROLL
 TD_UNROLL
         for (int r = 0; r < NR; r++) {
             const __m512bh wb = (__m512bh)_mm512_maskz_loadu_epi16(m, (const uint16_t *)w[r] + i);
+            prefetch((const char *)w[r] + pf + 2 * i, 64);
 TD_UNROLL
             for (int t = 0; t < NT; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wb, xb[t]);
         }
@@ -101,6 +118,7 @@ TD_UNROLL
     for (int r = 0; r < NR; r++) {
         __m512 w0, w1;
         load_w32(dt, w[r], i, m0, m1, &w0, &w1);
+        prefetch((const char *)w[r] + pf + step_bytes(dt, i), step_bytes(dt, 32));
 TD_UNROLL
         for (int t = 0; t < NT; t++) {
             acc[r][t] = _mm512_fmadd_ps(w0, x0[t], acc[r][t]);
@@ -112,18 +130,19 @@ TD_UNROLL
 // out[r * MT + t] = dot(w[r], x[t]) over n_in elements.
 INL void exact_tile(td_dtype dt, int lowp, int NR, int NT, const uint8_t *const *w, const float *const *x,
                     int64_t n_in, float *out) {
+    const size_t pf = PF_ROWS * step_bytes(dt, n_in);
     __m512 acc[DR][MT];
 TD_UNROLL
     for (int r = 0; r < NR; r++)
 TD_UNROLL
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
     const int64_t n32 = n_in & ~(int64_t)31;
-    for (int64_t i = 0; i < n32; i += 32) exact_step(dt, lowp, NR, NT, w, x, i, 0xffff, 0xffff, acc);
+    for (int64_t i = 0; i < n32; i += 32) exact_step(dt, lowp, NR, NT, w, x, i, 0xffff, 0xffff, pf, acc);
     if (n32 < n_in) {  // float rows only: masked tail, zeros beyond n_in
         const int rem = (int)(n_in - n32);
         const __mmask16 m0 = rem >= 16 ? 0xffff : (__mmask16)((1u << rem) - 1);
         const __mmask16 m1 = rem <= 16 ? 0 : (__mmask16)((1u << (rem - 16)) - 1);
-        exact_step(dt, lowp, NR, NT, w, x, n32, m0, m1, acc);
+        exact_step(dt, lowp, NR, NT, w, x, n32, m0, m1, pf, acc);
     }
 TD_UNROLL
     for (int r = 0; r < NR; r++)
@@ -245,6 +264,12 @@ static void quantize_pairs(const float *x, int64_t n_blocks, int np, int q4, xpa
 static const td_block_q8_0 zero_q8;
 static const td_block_q4_0 zero_q4;
 
+// Two f16 block scales spread over the int32 lanes of their blocks (lane l takes scale idx[l]).
+INL __m512 pair_scales(uint16_t da, uint16_t db, __m512i idx) {
+    const __m128 d = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(da), db, 1));
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d));
+}
+
 // A weight pair (blocks 2p, 2p + 1 of a row; B empty past the end) as unsigned bytes + scales.
 INL void load_wpair(int q4, const uint8_t *row, int64_t blk, int64_t n_blocks, __m512i *wq, __m512 *wd) {
     if (q4) {
@@ -254,19 +279,19 @@ INL void load_wpair(int q4, const uint8_t *row, int64_t blk, int64_t n_blocks, _
         const __m256i m = _mm256_set1_epi8(15);
         *wq = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m)),
                                  _mm256_and_si256(_mm256_srli_epi16(v, 4), m), 1);
-        *wd = _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(_cvtsh_ss(a->d)), _mm512_set1_ps(_cvtsh_ss(b->d)));
+        *wd = pair_scales(a->d, b->d, _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0));
     } else {
         const td_block_q8_0 *a = (const td_block_q8_0 *)row + blk, *b = blk + 1 < n_blocks ? a + 1 : &zero_q8;
         const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a->q)),
                                              _mm256_loadu_si256((const __m256i *)b->q), 1);
         *wq = _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
-        *wd = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(_cvtsh_ss(a->d)), _mm512_set1_ps(_cvtsh_ss(b->d)));
+        *wd = pair_scales(a->d, b->d, _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0));
     }
 }
 
 // acc[r][t] += sum over the chunk's pairs of (int dot + off) * dw * dx, per lane, in pair order.
 INL void int8_tile(int q4, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0,
-                   int np, int64_t n_blocks, __m512 acc[DR][MT]) {
+                   int np, int64_t n_blocks, size_t pf, __m512 acc[DR][MT]) {
     for (int p = 0; p < np; p++) {
         __m512i xq[MT];
 TD_UNROLL
@@ -276,6 +301,7 @@ TD_UNROLL
             __m512i wq;
             __m512 wd;
             load_wpair(q4, w[r], blk0 + 2 * p, n_blocks, &wq, &wd);
+            prefetch((const char *)w[r] + pf + (blk0 + 2 * p) * (q4 ? 18 : 34), q4 ? 36 : 68);
 TD_UNROLL
             for (int t = 0; t < NT; t++) {
                 const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(x[t][p].off), wq, xq[t]);
@@ -317,7 +343,7 @@ TD_UNROLL
                     for (int r = 0; r < NR; r++)
 TD_UNROLL
                         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
-                    int8_tile(q4, NR, NT, wr, x, 2 * p0, np, n_blocks, acc);
+                    int8_tile(q4, NR, NT, wr, x, 2 * p0, np, n_blocks, PF_ROWS * rb, acc);
                     for (int r = 0; r < nrv; r++)
                         for (int t = 0; t < ntv; t++) {
                             float *y = &a->y[(size_t)(t0 + t) * n_out + r0 + r];
