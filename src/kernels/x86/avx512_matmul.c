@@ -66,14 +66,13 @@ INL void load_w32(td_dtype dt, const uint8_t *row, int64_t i, __mmask16 m0, __mm
         *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->q + 16)))));
         break;
     }
-    default: {  // TD_Q4_0
+    default: {  // TD_Q4_0: d * (q - 8) = fma(d, q, -8 d), exact (at most 15 significant bits)
         const td_block_q4_0 *b = (const td_block_q4_0 *)row + i / TD_QK;
-        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
-        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs)), eight = _mm512_set1_epi32(8);
-        const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(q, _mm512_set1_epi32(15)), eight);
-        const __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight);
-        *w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(lo));
-        *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(hi));
+        const float df = _cvtsh_ss(b->d);
+        const __m512 d = _mm512_set1_ps(df), m8d = _mm512_set1_ps(-8.0f * df);
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
+        *w0 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15))), m8d);
+        *w1 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), m8d);
         break;
     }
     }
