@@ -99,6 +99,39 @@ static void mm_check(const char *set, const mm_case *c, const float *y, const fl
           td_dtype_name(c->w.type), what, c->n_tok, c->n_out, c->n_in, c->bias != NULL, worst);
 }
 
+// The activations the low-precision paths actually multiply, emulated here from their definition:
+// ACT_INT8: per 32-element block dx = amax / 127, q = round-half-even(x * (127 / amax)) in f32, x' = dx q;
+// ACT_BF16: x rounded to bf16 (nearest even).
+static float *emulate_x(const mm_case *c, int kind) {
+    const size_t n = (size_t)c->n_tok * c->n_in;
+    float *xe = malloc(n * sizeof *xe);
+    for (size_t b0 = 0; b0 < n; b0 += 32) {
+        float amax = 0.0f;
+        for (size_t i = b0; i < b0 + 32 && i < n; i++) amax = fmaxf(amax, fabsf(c->x[i]));
+        const float id = amax > 0.0f ? 127.0f / amax : 0.0f, dx = amax / 127.0f;
+        for (size_t i = b0; i < b0 + 32 && i < n; i++)
+            xe[i] = kind == ACT_INT8 ? dx * nearbyintf(c->x[i] * id) : td_bf16_to_f32(td_f32_to_bf16(c->x[i]));
+    }
+    return xe;
+}
+
+// y against the double-precision product of the dequantized weights and xe (the emulated
+// activations): only f32 rounding may separate them (a few more roundings per block than the
+// exact path: the block's int dot to f32, times dw, times dx), bound 2 (n_in/8 + 16) eps m.
+static void mm_check_emulated(const char *set, const mm_case *c, const float *y, const float *xe) {
+    double worst = 0;
+    for (int t = 0; t < c->n_tok; t++)
+        for (int r = 0; r < c->n_out; r++) {
+            const float *w = c->wd + (size_t)r * c->n_in, *x = xe + (size_t)t * c->n_in;
+            double s = c->bias ? c->bias[r] : 0.0, m = fabs(s);
+            for (int i = 0; i < c->n_in; i++) s += (double)w[i] * x[i], m += fabs((double)w[i] * x[i]);
+            const double e = fabs(y[(size_t)t * c->n_out + r] - s) / (2.0 * (c->n_in / 8.0 + 16.0) * EPS * m + 1e-30);
+            if (!(e <= worst)) worst = e;
+        }
+    CHECK(worst <= 1.0, "%s matmul %s vs emulated activations tok=%d out=%d in=%d: error %.3g x its bound", set,
+          td_dtype_name(c->w.type), c->n_tok, c->n_out, c->n_in, worst);
+}
+
 static void test_matmul(const td_kernels *k, td_dtype dt, int n_tok, int n_out, int n_in, int bias) {
     mm_case c = mm_make(dt, n_tok, n_out, n_in, bias);
     float *yr = mm_run(&td_kernels_ref, &c, c.x, n_tok, 1);
@@ -107,6 +140,11 @@ static void test_matmul(const td_kernels *k, td_dtype dt, int n_tok, int n_out, 
     if (!strcmp(k->name, "avx512-int8"))
         kind = (dt == TD_Q8_0 || dt == TD_Q4_0) ? ACT_INT8 : dt == TD_BF16 ? ACT_BF16 : EXACT;
     mm_check(k->name, &c, y, yr, kind, "vs ref");
+    if (kind != EXACT) {
+        float *xe = emulate_x(&c, kind);
+        mm_check_emulated(k->name, &c, y, xe);
+        free(xe);
+    }
     // Batch and thread invariance, bit for bit: each token alone, a sub-batch at an offset, one thread.
     float *y1 = mm_run(k, &c, c.x, n_tok, 1);
     CHECK(!memcmp(y, y1, (size_t)n_tok * n_out * sizeof *y), "%s %s: 1 vs 3 threads differ", k->name,
