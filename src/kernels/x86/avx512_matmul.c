@@ -23,15 +23,21 @@ enum {
     MR = 4,  // prefill tile: rows
     MT = 4,  // prefill tile: tokens
     DR = 8,  // decode tile (one token): rows
-    L2_BLOCK = 256 * 1024,
-    PF_ROWS = 16,  // rows ahead that the row loop prefetches (the hardware misses many short rows)  // bytes of weight rows kept hot while every token tile passes over them
+    L2_BLOCK = 256 * 1024,  // bytes of weight rows kept hot while every token tile passes over them
+    PF_BYTES = 16 * 1024,   // how far ahead the row loop prefetches (the hardware misses short rows)
 };
 
 #define INL static inline __attribute__((always_inline))
 
-// Prefetches [p, p + bytes) (one hint per cache line): rows PF_ROWS ahead of the tile.
+// Prefetches [p, p + bytes), one hint per cache line (the same span of a row further ahead).
 INL void prefetch(const char *p, int bytes) {
     for (int o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
+// Bytes from a row to the row to prefetch: about PF_BYTES, and at least the next tile's rows.
+static inline size_t prefetch_ahead(size_t rb, int nr) {
+    const size_t rows = PF_BYTES / rb;
+    return (rows > (size_t)nr ? rows : (size_t)nr) * rb;
 }
 
 // ---- exact family -------------------------------------------------------------------------------
@@ -129,7 +135,7 @@ TD_UNROLL
 // out[r * MT + t] = dot(w[r], x[t]) over n_in elements.
 INL void exact_tile(td_dtype dt, int lowp, int NR, int NT, const uint8_t *const *w, const float *const *x,
                     int64_t n_in, float *out) {
-    const size_t pf = PF_ROWS * step_bytes(dt, n_in);
+    const size_t pf = prefetch_ahead(step_bytes(dt, n_in), NR);
     __m512 acc[DR][MT];
 TD_UNROLL
     for (int r = 0; r < NR; r++)
@@ -342,7 +348,7 @@ TD_UNROLL
                     for (int r = 0; r < NR; r++)
 TD_UNROLL
                         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
-                    int8_tile(q4, NR, NT, wr, x, 2 * p0, np, n_blocks, PF_ROWS * rb, acc);
+                    int8_tile(q4, NR, NT, wr, x, 2 * p0, np, n_blocks, prefetch_ahead(rb, NR), acc);
                     for (int r = 0; r < nrv; r++)
                         for (int t = 0; t < ntv; t++) {
                             float *y = &a->y[(size_t)(t0 + t) * n_out + r0 + r];
