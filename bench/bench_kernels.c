@@ -1,4 +1,4 @@
-// Matmul throughput of each kernel set (ref, avx512, avx512-int8) per weight dtype on the shapes of
+// Matmul throughput of each kernel set (ref, avx2, avx512, avx512-int8) per weight dtype on the shapes of
 // a 110M Llama (dim 768, ffn 2048, vocab 32000) and Qwen2.5-0.5B (hidden 896, ffn 4864, vocab
 // 151936), through the CPU backend: decode (n_tok = 1: weight GB/s) and prefill (n_tok = 512:
 // GFLOP/s). One line per case: mean and std over repetitions. Usage: bench_kernels [n_threads=2]
@@ -25,7 +25,8 @@ static const shape SHAPES[] = {
     {"qwen0.5b.q", 896, 896},         {"qwen0.5b.ffn_up", 4864, 896},    {"qwen0.5b.ffn_down", 896, 4864},
     {"qwen0.5b.lm_head", 151936, 896},
 };
-static const char *const SETS[] = {"ref", "avx512", "avx512-int8"};
+static const char *const SETS[] = {"ref", "avx2", "avx512", "avx512-int8"};
+enum { N_SETS = sizeof SETS / sizeof SETS[0] };
 static const td_dtype DTYPES[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0, TD_Q4_0};
 
 static uint64_t rng = 88172645463325252ull;
@@ -74,8 +75,8 @@ int main(int argc, char **argv) {
     const int nt = argc > 1 ? atoi(argv[1]) : 2, quick = argc > 2 ? atoi(argv[2]) : 0;
     const char *only_shape = argc > 3 ? argv[3] : "", *only_dtype = argc > 4 ? argv[4] : "";
     const int prefill_tok = 512;
-    td_backend *be[3] = {0};
-    for (int s = 0; s < 3; s++) {
+    td_backend *be[N_SETS] = {0};
+    for (int s = 0; s < N_SETS; s++) {
         td_backend_cpu_params p = td_backend_cpu_default_params();
         p.n_threads = nt, p.kernels = SETS[s];
         td_err err = {0};
@@ -100,9 +101,9 @@ int main(int argc, char **argv) {
             void *wq = malloc(bytes);
             for (int r = 0; r < sh->n_out; r++) td_from_f32(dt, wf + (size_t)r * sh->n_in, (uint8_t *)wq + r * rb, sh->n_in);
             td_tensor w = {.type = dt, .ndim = 2, .ne = {sh->n_out, sh->n_in}, .data = wq, .nbytes = bytes};
-            for (int s = 0; s < 3; s++) {
+            for (int s = 0; s < N_SETS; s++) {
                 if (!be[s]) continue;
-                if (s == 2 && (dt == TD_F32 || dt == TD_F16)) continue;  // same code as avx512
+                if (!strcmp(SETS[s], "avx512-int8") && (dt == TD_F32 || dt == TD_F16)) continue;  // same code as avx512
                 for (int mode = 0; mode < 2; mode++) {
                     const int n_tok = mode ? prefill_tok : 1;
                     if (mode && head) continue;  // prefill: the layer shapes only
@@ -123,7 +124,7 @@ int main(int argc, char **argv) {
         }
         free(wf);
     }
-    for (int s = 0; s < 3; s++) td_backend_free(be[s]);
+    for (int s = 0; s < N_SETS; s++) td_backend_free(be[s]);
     free(x), free(y);
     return 0;
 }

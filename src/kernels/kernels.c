@@ -1,5 +1,5 @@
 // Kernel-set registry: the reference table, the x86 SIMD tables, and the run-time switch
-// (TANDEM_KERNELS=ref|avx512|avx512-int8|auto). CPU features are read once (CPUID); a forced set
+// (TANDEM_KERNELS=ref|avx2|avx512|avx512-int8|auto). CPU features are read once (CPUID); a forced set
 // the CPU lacks is refused (NULL) rather than allowed to fault on an illegal instruction.
 #include "kernels/kernels.h"
 
@@ -31,6 +31,7 @@ static const struct {
 #ifdef TD_KERNELS_X86
     {&td_kernels_avx512, td_x86_has_avx512, 1},
     {&td_kernels_avx512_int8, td_x86_has_avx512_int8, 0},
+    {&td_kernels_avx2, td_x86_has_avx2, 1},
 #endif
     {&td_kernels_ref, NULL, 1},
 };

@@ -1,4 +1,4 @@
-// Every SIMD kernel set this CPU runs (avx512, avx512-int8) against the reference kernels on
+// Every SIMD kernel set this CPU runs (avx2, avx512, avx512-int8) against the reference kernels on
 // random inputs of awkward shapes, with error bounds derived from the arithmetic; batch and thread
 // invariance (bit-exact); the TANDEM_KERNELS switch. Sets the CPU lacks are skipped, saying so.
 #include <math.h>
@@ -270,7 +270,7 @@ static void test_attention(const td_kernels *k, int n_heads, int n_kv, int hd, i
 }
 
 int main(void) {
-    static const char *const names[] = {"avx512", "avx512-int8"};
+    static const char *const names[] = {"avx2", "avx512", "avx512-int8"};
     int any = 0;
     for (size_t s = 0; s < sizeof names / sizeof names[0]; s++) {
         const td_kernels *k = td_kernels_get(names[s]);

@@ -13,11 +13,8 @@
 #include "kernels/x86/avx512_impl.h"
 
 int td_x86_has_avx512(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
-    // F16C is not in __builtin_cpu_supports' list; every AVX-512 CPU has it.
+    return td_x86_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("bmi2");
 }
 
 int td_x86_has_avx512_int8(void) {

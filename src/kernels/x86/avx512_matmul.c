@@ -16,6 +16,7 @@
 
 #include "base/threadpool.h"
 #include "kernels/x86/avx512_impl.h"
+#include "kernels/x86/tiles.h"
 
 TD_X86_TARGET_BEGIN
 
@@ -23,7 +24,7 @@ enum {
     MR = 4,  // prefill tile: rows
     MT = 4,  // prefill tile: tokens
     DR = 8,  // decode tile (one token): rows
-    L2_BLOCK = 256 * 1024,  // bytes of weight rows kept hot while every token tile passes over them
+    L2_BLOCK = 256 * 1024,  // bytes of weight rows kept hot while every token tile passes over them (int8)
     PF_BYTES = 16 * 1024,   // how far ahead the row loop prefetches (the hardware misses short rows)
 };
 
@@ -132,7 +133,7 @@ TD_UNROLL
     }
 }
 
-// out[r * MT + t] = dot(w[r], x[t]) over n_in elements.
+// out[r * NT + t] = dot(w[r], x[t]) over n_in elements (a td_x86_tile_fn).
 INL void exact_tile(td_dtype dt, int lowp, int NR, int NT, const uint8_t *const *w, const float *const *x,
                     int64_t n_in, float *out) {
     const size_t pf = prefetch_ahead(step_bytes(dt, n_in), NR);
@@ -152,18 +153,17 @@ TD_UNROLL
 TD_UNROLL
     for (int r = 0; r < NR; r++)
 TD_UNROLL
-        for (int t = 0; t < NT; t++) out[r * MT + t] = _mm512_reduce_add_ps(acc[r][t]);
+        for (int t = 0; t < NT; t++) out[r * NT + t] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-typedef void (*tile_fn)(const uint8_t *const *w, const float *const *x, int64_t n_in, float *out);
-
 #define EXACT_TILES(name, dt, lowp)                                                                    \
-    static void name##_prefill(const uint8_t *const *w, const float *const *x, int64_t n, float *o) { \
+    static void name##_batch(const uint8_t *const *w, const float *const *x, int64_t n, float *o) {   \
         exact_tile(dt, lowp, MR, MT, w, x, n, o);                                                     \
     }                                                                                                  \
     static void name##_decode(const uint8_t *const *w, const float *const *x, int64_t n, float *o) {  \
         exact_tile(dt, lowp, DR, 1, w, x, n, o);                                                      \
-    }
+    }                                                                                                  \
+    static const td_x86_tiles name##_tiles = {name##_batch, name##_decode, MR, MT, DR};
 EXACT_TILES(f32, TD_F32, 0)
 EXACT_TILES(f16, TD_F16, 0)
 EXACT_TILES(bf16, TD_BF16, 0)
@@ -171,47 +171,11 @@ EXACT_TILES(q8, TD_Q8_0, 0)
 EXACT_TILES(q4, TD_Q4_0, 0)
 EXACT_TILES(bf16dp, TD_BF16, 1)
 
-// The driver shared by both families: a slice's rows in L2-sized blocks; within a block every
-// token tile passes over the block's row tiles. tiles[0] = prefill (MR x MT), tiles[1] = decode.
-static void run_tiles(const td_matmul_args *a, int ith, int nth, const tile_fn tiles[2]) {
-    const td_tensor *w = a->w;
-    const int64_t n_out = w->ne[0], n_in = w->ne[1];
-    const size_t rb = td_row_bytes(w->type, n_in);
-    const int decode = a->n_tok == 1;
-    const int nr = decode ? DR : MR, nt = decode ? 1 : MT;
-    long lo, hi;
-    td_split((long)n_out, ith, nth, &lo, &hi);
-    long block = (long)(L2_BLOCK / rb) / nr * nr;
-    if (block < nr) block = nr;
-    if (a->n_tok <= nt) block = hi - lo;  // one token tile: nothing to keep hot
-    for (long b0 = lo; b0 < hi; b0 += block) {
-        const long b1 = hi - b0 < block ? hi : b0 + block;
-        for (int t0 = 0; t0 < a->n_tok; t0 += nt) {
-            const int ntv = a->n_tok - t0 < nt ? a->n_tok - t0 : nt;
-            const float *x[MT];
-            for (int t = 0; t < nt; t++) x[t] = a->x + (size_t)(t0 + (t < ntv ? t : ntv - 1)) * n_in;
-            for (long r0 = b0; r0 < b1; r0 += nr) {
-                const int nrv = b1 - r0 < nr ? (int)(b1 - r0) : nr;
-                const uint8_t *wr[DR];
-                for (int r = 0; r < nr; r++)
-                    wr[r] = (const uint8_t *)w->data + (size_t)(r0 + (r < nrv ? r : nrv - 1)) * rb;
-                float out[DR * MT];
-                tiles[decode](wr, x, n_in, out);
-                for (int r = 0; r < nrv; r++)
-                    for (int t = 0; t < ntv; t++)
-                        a->y[(size_t)(t0 + t) * n_out + r0 + r] = (a->bias ? a->bias[r0 + r] : 0.0f) + out[r * MT + t];
-            }
-        }
-    }
-}
-
-static const tile_fn exact_tiles[TD_DTYPE_COUNT][2] = {
-    [TD_F32] = {f32_prefill, f32_decode},   [TD_F16] = {f16_prefill, f16_decode},
-    [TD_BF16] = {bf16_prefill, bf16_decode}, [TD_Q8_0] = {q8_prefill, q8_decode},
-    [TD_Q4_0] = {q4_prefill, q4_decode},
+static const td_x86_tiles *const exact_tiles[TD_DTYPE_COUNT] = {
+    [TD_F32] = &f32_tiles, [TD_F16] = &f16_tiles, [TD_BF16] = &bf16_tiles, [TD_Q8_0] = &q8_tiles, [TD_Q4_0] = &q4_tiles,
 };
 
-void td_avx512_matmul(const td_matmul_args *a, int ith, int nth) { run_tiles(a, ith, nth, exact_tiles[a->w->type]); }
+void td_avx512_matmul(const td_matmul_args *a, int ith, int nth) { td_x86_run_tiles(a, ith, nth, exact_tiles[a->w->type]); }
 
 // ---- int8 family (Q8_0, Q4_0 weights) ----------------------------------------------------------
 
@@ -367,12 +331,11 @@ static void q4_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_ma
 static void q4_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, DR, 1, a, ith, nth); }
 
 void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth) {
-    static const tile_fn bf16dp[2] = {bf16dp_prefill, bf16dp_decode};
     const int decode = a->n_tok == 1;
     switch (a->w->type) {
     case TD_Q8_0: (decode ? q8_int8_decode : q8_int8_prefill)(a, ith, nth); break;
     case TD_Q4_0: (decode ? q4_int8_decode : q4_int8_prefill)(a, ith, nth); break;
-    case TD_BF16: run_tiles(a, ith, nth, bf16dp); break;
+    case TD_BF16: td_x86_run_tiles(a, ith, nth, &bf16dp_tiles); break;
     default: td_avx512_matmul(a, ith, nth); break;
     }
 }

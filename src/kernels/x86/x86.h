@@ -13,6 +13,9 @@ extern const td_kernels td_kernels_avx512;
 // (VNNI vpdpbusd) and BF16 weights use vdpbf16ps on bf16-rounded activations. Not exact; see
 // docs/kernels.md for the measured error.
 extern const td_kernels td_kernels_avx512_int8;
+// AVX2 + FMA + F16C: exact matmul for every dtype; the other kernels are the reference's.
+extern const td_kernels td_kernels_avx2;
+int td_x86_has_avx2(void);         // the features td_kernels_avx2 needs
 int td_x86_has_avx512(void);       // the features td_kernels_avx512 needs
 int td_x86_has_avx512_int8(void);  // ... plus AVX512-VNNI and AVX512-BF16
 #endif
