@@ -71,6 +71,48 @@ static void time_it(td_backend *be, const td_kernels *k, const td_tensor *w, con
     *sd = reps > 1 ? sqrt(fmax(0.0, (s2 - s * s / reps) / (reps - 1))) : 0.0;
 }
 
+// Attention of one decode token per sequence (Qwen2.5-0.5B heads: 14 query, 2 KV, head_dim 64) over
+// a 4096-token context in 16-row blocks: K/V bytes read per second.
+static void bench_attention(td_backend *const *be, int nt) {
+    enum { N_SEQ = 4, CTX = 4096, BS = 16, NH = 14, NKV = 2, HD = 64 };
+    const int kv_dim = NKV * HD, nblk = CTX / BS;
+    float *K = malloc((size_t)N_SEQ * CTX * kv_dim * sizeof *K), *V = malloc((size_t)N_SEQ * CTX * kv_dim * sizeof *V);
+    for (size_t i = 0; i < (size_t)N_SEQ * CTX * kv_dim; i++) K[i] = frand(), V[i] = frand();
+    int32_t *ids = malloc((size_t)N_SEQ * nblk * sizeof *ids);
+    const int32_t *tab[N_SEQ];
+    for (int i = 0; i < N_SEQ * nblk; i++) ids[i] = i;
+    for (int s = 0; s < N_SEQ; s++) tab[s] = ids + s * nblk;
+    td_kv_layer kv = {.k = K, .v = V, .block_table = tab, .block_size = BS, .kv_dim = kv_dim};
+    int32_t seq[N_SEQ], pos[N_SEQ];
+    for (int s = 0; s < N_SEQ; s++) seq[s] = s, pos[s] = CTX - 1;
+    float q[N_SEQ * NH * HD], out[N_SEQ * NH * HD];
+    for (int i = 0; i < N_SEQ * NH * HD; i++) q[i] = frand();
+    td_attention_args a = {.q = q, .kv = &kv, .seq_id = seq, .pos = pos, .out = out, .n_tok = N_SEQ,
+                           .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .scale = 0.125f};
+    const double bytes = 2.0 * N_SEQ * CTX * kv_dim * sizeof(float);
+    for (int s = 0; s < N_SETS; s++) {
+        if (!be[s] || !strcmp(SETS[s], "avx512-int8")) continue;  // same attention as avx512
+        const td_kernels *k = td_kernels_get(SETS[s]);
+        double best = 1e30;
+        for (int r = 0; r < 5; r++) {
+            double dt;
+            if (nt == 1) {
+                const double t0 = thread_cpu();
+                k->attention(&a, 0, 1);
+                dt = thread_cpu() - t0;
+            } else {
+                const double t0 = td_now();
+                td_backend_attention(be[s], q, &kv, seq, pos, out, N_SEQ, NH, NKV, HD, 0.125f);
+                dt = td_now() - t0;
+            }
+            if (dt < best) best = dt;
+        }
+        printf("%-20s %-5s %-12s %5d %9.3f %8s %9.2f %9s (best; %d seqs x %d ctx, GQA 14/2 x 64)\n", "attention", "F32",
+               SETS[s], N_SEQ, best * 1e3, "-", bytes / best / 1e9, "-", N_SEQ, CTX);
+    }
+    free(K), free(V), free(ids);
+}
+
 int main(int argc, char **argv) {
     const int nt = argc > 1 ? atoi(argv[1]) : 2, quick = argc > 2 ? atoi(argv[2]) : 0;
     const char *only_shape = argc > 3 ? argv[3] : "", *only_dtype = argc > 4 ? argv[4] : "";
@@ -124,6 +166,7 @@ int main(int argc, char **argv) {
         }
         free(wf);
     }
+    if (!*only_shape || strstr("attention", only_shape)) bench_attention(be, nt);
     for (int s = 0; s < N_SETS; s++) td_backend_free(be[s]);
     free(x), free(y);
     return 0;

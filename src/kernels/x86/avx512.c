@@ -116,8 +116,69 @@ static inline float dot(const float *a, const float *b, int n) {
     return _mm512_reduce_add_ps(acc);
 }
 
-// The reference's online softmax over tiles of keys, with vector dots, exps and axpys.
+// One (token, head) work item with head_dim = 16 NV: q and the output accumulator live in NV
+// registers each; otherwise the same online softmax as the generic loop below.
+static inline __attribute__((always_inline)) void attend_regs(const td_attention_args *a, int t, int h, const int NV) {
+    const int hd = 16 * NV, group = a->n_heads / a->n_kv_heads;
+    const int seq = a->seq_id[t], n_keys = a->pos[t] + 1;
+    const size_t koff = (size_t)(h / group) * hd;
+    const float *qp = a->q + ((size_t)t * a->n_heads + h) * hd;
+    __m512 q[8], o[8];
+    float s[ATTN_TILE] __attribute__((aligned(64)));
+    TD_UNROLL
+    for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qp + 16 * v), o[v] = _mm512_setzero_ps();
+    float m = -INFINITY, l = 0.0f;
+    for (int j0 = 0; j0 < n_keys; j0 += ATTN_TILE) {
+        const int nj = n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE;
+        float mt = -INFINITY;
+        for (int j = 0; j < nj; j++) {
+            const float *k = td_kv_k_row(a->kv, seq, j0 + j) + koff;
+            __m512 d = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+            TD_UNROLL
+            for (int v = 1; v < NV; v++) d = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), d);
+            s[j] = _mm512_reduce_add_ps(d) * a->scale;
+            if (s[j] > mt) mt = s[j];
+        }
+        if (mt > m) {
+            const __m512 c = _mm512_set1_ps(expf(m - mt));
+            l *= expf(m - mt);
+            TD_UNROLL
+            for (int v = 0; v < NV; v++) o[v] = _mm512_mul_ps(o[v], c);
+            m = mt;
+        }
+        for (int j = 0; j < nj; j += 16) {
+            const __mmask16 mk = td_x86_mask16(nj - j);
+            const __m512 e = td_x86_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), _mm512_set1_ps(m)));
+            _mm512_mask_storeu_ps(s + j, mk, e);
+        }
+        for (int j = 0; j < nj; j++) {
+            const float *vr = td_kv_v_row(a->kv, seq, j0 + j) + koff;
+            const __m512 e = _mm512_set1_ps(s[j]);
+            l += s[j];
+            TD_UNROLL
+            for (int v = 0; v < NV; v++) o[v] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * v), o[v]);
+        }
+    }
+    float *out = a->out + ((size_t)t * a->n_heads + h) * hd;
+    const __m512 il = _mm512_set1_ps(1.0f / l);
+    TD_UNROLL
+    for (int v = 0; v < NV; v++) _mm512_storeu_ps(out + 16 * v, _mm512_mul_ps(o[v], il));
+}
+
+// The reference's online softmax over tiles of keys, with vector dots, exps and axpys; head_dim
+// 64 and 128 (the common ones) keep q and the output in registers.
 static void attention(const td_attention_args *a, int ith, int nth) {
+    if (a->head_dim == 64 || a->head_dim == 128) {
+        long lo, hi;
+        td_split((long)a->n_tok * a->n_heads, ith, nth, &lo, &hi);
+        for (long w = lo; w < hi; w++) {
+            if (a->head_dim == 64)
+                attend_regs(a, (int)(w / a->n_heads), (int)(w % a->n_heads), 4);
+            else
+                attend_regs(a, (int)(w / a->n_heads), (int)(w % a->n_heads), 8);
+        }
+        return;
+    }
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
     float o[TD_ATTN_MAX_HEAD_DIM] __attribute__((aligned(64))), s[ATTN_TILE] __attribute__((aligned(64)));
     long lo, hi;
