@@ -68,18 +68,18 @@ INL void load_w32(td_dtype dt, const uint8_t *row, int64_t i, __mmask16 m0, __mm
     }
     case TD_Q8_0: {
         const td_block_q8_0 *b = (const td_block_q8_0 *)row + i / TD_QK;
-        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)b->d));
         *w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->q))));
         *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->q + 16)))));
         break;
     }
-    default: {  // TD_Q4_0: d * (q - 8) = fma(d, q, -8 d), exact (at most 15 significant bits)
+    default: {  // TD_Q4_0: a 16-entry table d * (k - 8), exact in f32, indexed by the nibbles
         const td_block_q4_0 *b = (const td_block_q4_0 *)row + i / TD_QK;
-        const float df = _cvtsh_ss(b->d);
-        const __m512 d = _mm512_set1_ps(df), m8d = _mm512_set1_ps(-8.0f * df);
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)b->d));
+        const __m512 lut = _mm512_mul_ps(d, _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7));
         const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
-        *w0 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15))), m8d);
-        *w1 = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), m8d);
+        *w0 = _mm512_permutexvar_ps(q, lut);  // vpermps reads the low 4 bits of each index
+        *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut);
         break;
     }
     }
