@@ -2,7 +2,7 @@
 // Exact family: weights dequantized in registers (bit-identical to td_to_f32), f32 activations,
 // FMA; differs from the ref only by f32 summation order. Int8 family (Q8_0/Q4_0): activations
 // quantized per 32-element block to int8 + f32 scale, integer dots with VNNI vpdpbusd; BF16 with
-// vdpbf16ps on bf16-rounded activations. Not here: AVX2 or AMX variants, weight repacking.
+// vdpbf16ps on bf16-rounded activations. The AVX2 set is avx2.c; not here: AMX, weight repacking.
 //
 // Batch invariance: every (row, token) pair owns one accumulator that sees the same operations in
 // the same order whatever tile it is computed in (a partial tile repeats its last row/token), so a
@@ -179,8 +179,8 @@ void td_avx512_matmul(const td_matmul_args *a, int ith, int nth) { td_x86_run_ti
 
 // ---- int8 family (Q8_0, Q4_0 weights) ----------------------------------------------------------
 
-// Activations are quantized per 32-element block: dx = max|x| / 127, q = round(x / dx) (nearest
-// even), kept with an f32 scale (GGUF's Q8_0 keeps f16; f32 is slightly more accurate). Two blocks
+// Activations are quantized per 32-element block: dx = max|x| / 127, q = round-half-even(x * (127 /
+// max|x|)) in f32 (test_kernels_simd emulates exactly this), kept with an f32 scale (GGUF's Q8_0 keeps f16; f32 is slightly more accurate). Two blocks
 // (A, B) form one 64-byte pair laid out as the weights unpack, so no shuffles are needed per row:
 //   Q8_0 weights: [A 0..31 | B 0..31];  Q4_0 weights: [A 0..15 | B 0..15 | A 16..31 | B 16..31].
 // vpdpbusd multiplies unsigned by signed bytes: weights are made unsigned (Q8_0: q + 128 by xor
