@@ -116,13 +116,13 @@ UNROLL
 }
 
 #define EXACT_TILES(name, dt, BR, BT)                                                                  \
-    static void name##_batch(const uint8_t *const *w, const float *const *x, int64_t n, float *o) {   \
-        exact_tile(dt, BR, BT, w, x, n, o);                                                           \
+    static void name##_batch(const uint8_t *const *w, const float *const *x, int64_t n, size_t rb, float *o) {   \
+        exact_tile(dt, BR, BT, w, x, n, o); (void)rb;                                                           \
     }                                                                                                  \
-    static void name##_decode(const uint8_t *const *w, const float *const *x, int64_t n, float *o) {  \
-        exact_tile(dt, DR, 1, w, x, n, o);                                                            \
+    static void name##_decode(const uint8_t *const *w, const float *const *x, int64_t n, size_t rb, float *o) {  \
+        exact_tile(dt, DR, 1, w, x, n, o); (void)rb;                                                            \
     }                                                                                                  \
-    static const td_x86_tiles name##_tiles = {name##_batch, name##_decode, BR, BT, DR};
+    static const td_x86_tiles name##_tiles = {name##_batch, name##_decode, BR, BT, DR, 0};
 EXACT_TILES(f32, TD_F32, FR, FT)
 EXACT_TILES(f16, TD_F16, FR, FT)
 EXACT_TILES(bf16, TD_BF16, FR, FT)

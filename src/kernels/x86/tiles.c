@@ -13,6 +13,7 @@ void td_x86_run_tiles(const td_matmul_args *a, int ith, int nth, const td_x86_ti
     const int decode = a->n_tok == 1;
     const int nr = decode ? tl->decode_rows : tl->batch_rows, nt = decode ? 1 : tl->batch_toks;
     const td_x86_tile_fn tile = decode ? tl->decode : tl->batch;
+    const int64_t kc = tl->k_chunk > 0 ? tl->k_chunk : n_in;
     long lo, hi;
     td_split((long)n_out, ith, nth, &lo, &hi);
     long block = (long)(L2_BLOCK / rb) / nr * nr;
@@ -24,16 +25,24 @@ void td_x86_run_tiles(const td_matmul_args *a, int ith, int nth, const td_x86_ti
             const int ntv = a->n_tok - t0 < nt ? a->n_tok - t0 : nt;
             const float *x[TD_X86_TILE_MAX];
             for (int t = 0; t < nt; t++) x[t] = a->x + (size_t)(t0 + (t < ntv ? t : ntv - 1)) * n_in;
-            for (long r0 = b0; r0 < b1; r0 += nr) {
-                const int nrv = b1 - r0 < nr ? (int)(b1 - r0) : nr;
-                const uint8_t *wr[TD_X86_TILE_MAX];
-                for (int r = 0; r < nr; r++)
-                    wr[r] = (const uint8_t *)w->data + (size_t)(r0 + (r < nrv ? r : nrv - 1)) * rb;
-                float out[TD_X86_TILE_MAX];
-                tile(wr, x, n_in, out);
-                for (int r = 0; r < nrv; r++)
-                    for (int t = 0; t < ntv; t++)
-                        a->y[(size_t)(t0 + t) * n_out + r0 + r] = (a->bias ? a->bias[r0 + r] : 0.0f) + out[r * nt + t];
+            for (int64_t c0 = 0; c0 < n_in; c0 += kc) {
+                const int64_t nc = n_in - c0 < kc ? n_in - c0 : kc;
+                const size_t cb = td_row_bytes(w->type, c0);
+                const float *xc[TD_X86_TILE_MAX];
+                for (int t = 0; t < nt; t++) xc[t] = x[t] + c0;
+                for (long r0 = b0; r0 < b1; r0 += nr) {
+                    const int nrv = b1 - r0 < nr ? (int)(b1 - r0) : nr;
+                    const uint8_t *wr[TD_X86_TILE_MAX];
+                    for (int r = 0; r < nr; r++)
+                        wr[r] = (const uint8_t *)w->data + (size_t)(r0 + (r < nrv ? r : nrv - 1)) * rb + cb;
+                    float out[TD_X86_TILE_MAX];
+                    tile(wr, xc, nc, rb, out);
+                    for (int r = 0; r < nrv; r++)
+                        for (int t = 0; t < ntv; t++) {
+                            float *y = &a->y[(size_t)(t0 + t) * n_out + r0 + r];
+                            *y = c0 ? *y + out[r * nt + t] : (a->bias ? a->bias[r0 + r] : 0.0f) + out[r * nt + t];
+                        }
+                }
             }
         }
     }
