@@ -8,18 +8,30 @@
 
 #include "kernels/kernels.h"
 
-#define TD_X86_AVX512_FEATURES "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,f16c,fma,avx2,bmi2"
+// Two regions: the base set (what td_x86_has_avx512 checks) for everything exact, and the base set
+// plus VNNI and AVX512-BF16 for the int8 family only, so the avx512 table never executes an
+// instruction a CPU without VNNI/BF16 (Skylake-SP) lacks.
 #if defined(__clang__)
 #define TD_X86_TARGET_BEGIN \
-    _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,f16c,fma,avx2,bmi2\"))), apply_to = function)")
+    _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,f16c,fma,avx2,bmi2\"))), apply_to = function)")
+#define TD_X86_TARGET_INT8_BEGIN \
+    _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,f16c,fma,avx2,bmi2,avx512vnni,avx512bf16\"))), apply_to = function)")
 #define TD_X86_TARGET_END _Pragma("clang attribute pop")
 #define TD_UNROLL _Pragma("unroll")
 #else
 #define TD_X86_TARGET_BEGIN \
-    _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,f16c,fma,avx2,bmi2\")")
+    _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,f16c,fma,avx2,bmi2\")")
+#define TD_X86_TARGET_INT8_BEGIN \
+    _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,f16c,fma,avx2,bmi2,avx512vnni,avx512bf16\")")
 #define TD_X86_TARGET_END _Pragma("GCC pop_options")
 #define TD_UNROLL _Pragma("GCC unroll 8")
 #endif
+
+#define TD_X86_INL static inline __attribute__((always_inline))
+
+// Matmul tiles: batch MR rows x MT tokens, decode DR rows x 1 token.
+enum { TD_X86_MR = 4, TD_X86_MT = 4, TD_X86_DR = 8 };
+enum { TD_X86_PF_BYTES = 16 * 1024 };  // how far ahead row loops prefetch (the hardware misses short rows)
 
 TD_X86_TARGET_BEGIN
 
@@ -28,9 +40,20 @@ static inline __m512 td_x86_bf16x16(__m256i h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-// Mask of the first n (0..16) lanes.
+// Mask of the first n (0..16) lanes; n <= 0 gives none.
 static inline __mmask16 td_x86_mask16(int64_t n) {
-    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+// Prefetches [p, p + bytes), one hint per cache line.
+TD_X86_INL void td_x86_prefetch(const char *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
+// Bytes from a row to the row to prefetch: about TD_X86_PF_BYTES, and at least the next tile's rows.
+static inline size_t td_x86_prefetch_ahead(size_t rb, int nr) {
+    const size_t rows = TD_X86_PF_BYTES / rb;
+    return (rows > (size_t)nr ? rows : (size_t)nr) * rb;
 }
 
 // exp(x) for f32 lanes: x = k ln2 + r, |r| <= ln2/2, degree-6 polynomial for e^r, scaled by 2^k
