@@ -1,10 +1,13 @@
-// Kernel-set registry: the reference table and the run-time switch (TANDEM_KERNELS).
+// Kernel-set registry: the reference table, the x86 SIMD tables, and the run-time switch
+// (TANDEM_KERNELS=ref|avx2|avx512|avx512-int8|auto). CPU features are read once (CPUID); a forced set
+// the CPU lacks is refused (NULL) rather than allowed to fault on an illegal instruction.
 #include "kernels/kernels.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/ref/ref.h"
+#include "kernels/x86/x86.h"
 
 const td_kernels td_kernels_ref = {
     .name = "ref",
@@ -18,9 +21,34 @@ const td_kernels td_kernels_ref = {
     .add = td_ref_add,
 };
 
+// Sets this build knows, best first; `supported` is asked once per lookup (CPUID is cheap and
+// __builtin_cpu_init caches).
+static const struct {
+    const td_kernels *k;
+    int (*supported)(void);
+    int in_auto;  // exact enough to be chosen by "auto" (the int8 set changes numerics)
+} sets[] = {
+#ifdef TD_KERNELS_X86
+    {&td_kernels_avx512, td_x86_has_avx512, 1},
+    {&td_kernels_avx512_int8, td_x86_has_avx512_int8, 0},
+    {&td_kernels_avx2, td_x86_has_avx2, 1},
+#endif
+    {&td_kernels_ref, NULL, 1},
+};
+
 const td_kernels *td_kernels_get(const char *name) {
     if (!name) name = getenv("TANDEM_KERNELS");
-    if (!name || !*name || !strcmp(name, "auto")) return &td_kernels_ref;  // the best: only ref so far
-    if (!strcmp(name, "ref")) return &td_kernels_ref;
+    const int best = !name || !*name || !strcmp(name, "auto");
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
+        if (best ? !sets[i].in_auto : strcmp(name, sets[i].k->name) != 0) continue;
+        if (!sets[i].supported || sets[i].supported()) return sets[i].k;
+        if (!best) return NULL;  // forced, but this CPU lacks the instructions
+    }
     return NULL;
+}
+
+int td_kernels_available(const char *name) {
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+        if (!strcmp(name, sets[i].k->name)) return !sets[i].supported || sets[i].supported();
+    return 0;
 }

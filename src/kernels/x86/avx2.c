@@ -1,0 +1,155 @@
+// AVX2 + FMA + F16C kernel set for x86-64 CPUs without AVX-512: the exact matmul for every weight
+// dtype (weights dequantized in registers, f32 activations, FMA; equal to the reference up to f32
+// summation order), register-blocked (float rows 4 x 3 tokens, quantized 2 x 4; decode 8 rows) on the shared
+// driver (tiles.c). Everything else reuses the reference. Not here: an int8 (AVX-VNNI) path.
+#include "kernels/x86/x86.h"
+
+#ifdef TD_KERNELS_X86
+#include <cpuid.h>
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/ref/ref.h"
+#include "kernels/x86/tiles.h"
+
+int td_x86_has_avx2(void) {
+    unsigned a, b, c, d;
+    __builtin_cpu_init();
+    // F16C is not a __builtin_cpu_supports name in every compiler: CPUID leaf 1, ECX bit 29.
+    const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+    return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#define UNROLL _Pragma("unroll")
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define UNROLL _Pragma("GCC unroll 8")
+#endif
+
+#define INL static inline __attribute__((always_inline))
+
+// Batch tiles (rows x tokens) fit the 16 ymm registers: float rows 4 x 3 (12 accumulators, 3 x, 1 w);
+// quantized rows 2 x 4, whose dequantization needs temporaries and pays off over more tokens.
+enum { FR = 4, FT = 3, QR = 2, QT = 4, DR = 8, MAXT = 4 };
+
+// Elements [i + 8k, i + 8k + 8) of a weight row, i a multiple of 32 (whole quantized blocks), as f32:
+// bit-identical to td_to_f32 (d * q and d * (q - 8) = fma(d, q, -8d) are exact in f32).
+INL __m256 load_w8(td_dtype dt, const uint8_t *row, int64_t i, int k) {
+    switch (dt) {
+    case TD_F32: return _mm256_loadu_ps((const float *)row + i + 8 * k);
+    case TD_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i + 8 * k)));
+    case TD_BF16: {
+        const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i + 8 * k));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    case TD_Q8_0: {
+        const td_block_q8_0 *b = (const td_block_q8_0 *)row + i / TD_QK;
+        const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->q + 8 * k)));
+        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), _mm256_cvtepi32_ps(q));
+    }
+    default: {  // TD_Q4_0: elements 0..15 are low nibbles of qs[0..15], 16..31 high nibbles
+        const td_block_q4_0 *b = (const td_block_q4_0 *)row + i / TD_QK;
+        const float df = _cvtsh_ss(b->d);
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * (k & 1))));
+        q = k < 2 ? _mm256_and_si256(q, _mm256_set1_epi32(15)) : _mm256_srli_epi32(q, 4);
+        return _mm256_fmadd_ps(_mm256_set1_ps(df), _mm256_cvtepi32_ps(q), _mm256_set1_ps(-8.0f * df));
+    }
+    }
+}
+
+// One 32-element step of an NR x NT tile: four 8-lane sub-steps, acc[r][t] += w . x in order.
+INL void step32(td_dtype dt, int NR, int NT, const uint8_t *const *w, const float *const *x, int64_t i,
+                __m256 acc[DR][MAXT]) {
+UNROLL
+    for (int k = 0; k < 4; k++) {
+        __m256 xv[MAXT];
+UNROLL
+        for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_ps(x[t] + i + 8 * k);
+UNROLL
+        for (int r = 0; r < NR; r++) {
+            const __m256 wv = load_w8(dt, w[r], i, k);
+UNROLL
+            for (int t = 0; t < NT; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// out[r * NT + t] = dot(w[r], x[t]); a float row's tail (< 32 elements) goes through zero-padded
+// f32 copies with the same step, so every pair sees the same operations whatever the tile.
+INL void exact_tile(td_dtype dt, int NR, int NT, const uint8_t *const *w, const float *const *x, int64_t n_in,
+                    float *out) {
+    __m256 acc[DR][MAXT];
+UNROLL
+    for (int r = 0; r < NR; r++)
+UNROLL
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    const int64_t n32 = n_in & ~(int64_t)31;
+    for (int64_t i = 0; i < n32; i += 32) step32(dt, NR, NT, w, x, i, acc);
+    if (n32 < n_in) {
+        const int rem = (int)(n_in - n32);
+        float wt[DR][32], xt[MAXT][32];
+        const uint8_t *wp[DR];
+        const float *xp[MAXT];
+        for (int r = 0; r < NR; r++) {
+            memset(wt[r], 0, sizeof wt[r]);
+            td_to_f32(dt, w[r] + td_row_bytes(dt, n32), wt[r], rem);  // float types only: any length
+            wp[r] = (const uint8_t *)wt[r];
+        }
+        for (int t = 0; t < NT; t++) {
+            memset(xt[t], 0, sizeof xt[t]);
+            memcpy(xt[t], x[t] + n32, (size_t)rem * sizeof(float));
+            xp[t] = xt[t];
+        }
+        step32(TD_F32, NR, NT, wp, xp, 0, acc);
+    }
+    for (int r = 0; r < NR; r++)
+        for (int t = 0; t < NT; t++) out[r * NT + t] = hsum8(acc[r][t]);
+}
+
+#define EXACT_TILES(name, dt, BR, BT)                                                                  \
+    static void name##_batch(const uint8_t *const *w, const float *const *x, int64_t n, size_t rb, float *o) {   \
+        exact_tile(dt, BR, BT, w, x, n, o); (void)rb;                                                           \
+    }                                                                                                  \
+    static void name##_decode(const uint8_t *const *w, const float *const *x, int64_t n, size_t rb, float *o) {  \
+        exact_tile(dt, DR, 1, w, x, n, o); (void)rb;                                                            \
+    }                                                                                                  \
+    static const td_x86_tiles name##_tiles = {name##_batch, name##_decode, BR, BT, DR, 0};
+EXACT_TILES(f32, TD_F32, FR, FT)
+EXACT_TILES(f16, TD_F16, FR, FT)
+EXACT_TILES(bf16, TD_BF16, FR, FT)
+EXACT_TILES(q8, TD_Q8_0, QR, QT)
+EXACT_TILES(q4, TD_Q4_0, QR, QT)
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+static const td_x86_tiles *const tiles[TD_DTYPE_COUNT] = {
+    [TD_F32] = &f32_tiles, [TD_F16] = &f16_tiles, [TD_BF16] = &bf16_tiles, [TD_Q8_0] = &q8_tiles, [TD_Q4_0] = &q4_tiles,
+};
+
+static void matmul(const td_matmul_args *a, int ith, int nth) { td_x86_run_tiles(a, ith, nth, tiles[a->w->type]); }
+
+const td_kernels td_kernels_avx2 = {
+    .name = "avx2",
+    .matmul = matmul,
+    .rmsnorm = td_ref_rmsnorm,
+    .rope = td_ref_rope,
+    .kv_write = td_ref_kv_write,
+    .attention = td_ref_attention,
+    .silu_mul = td_ref_silu_mul,
+    .embed = td_ref_embed,
+    .add = td_ref_add,
+};
+#endif

@@ -1,0 +1,258 @@
+// AVX-512 row and element kernels (rmsnorm, silu_mul, add, rope, attention) and the two AVX-512
+// kernel tables; the matmuls are in avx512_matmul.c. Each kernel keeps the reference's work split
+// and numerics up to f32 reordering (exp by a ~1-ulp polynomial). kv_write and embed are
+// memory copies/conversions and reuse the reference. Not here: an AVX2-only table.
+#include "kernels/x86/x86.h"
+
+#ifdef TD_KERNELS_X86
+#include <math.h>
+#include <string.h>
+
+#include "base/threadpool.h"
+#include "kernels/ref/ref.h"
+#include "kernels/x86/avx512_impl.h"
+
+int td_x86_has_avx512(void) {
+    return td_x86_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("bmi2");
+}
+
+int td_x86_has_avx512_int8(void) {
+    return td_x86_has_avx512() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16");
+}
+
+TD_X86_TARGET_BEGIN
+
+// sum x[i]^2 in double, 16 lanes (8 + 8), as the reference sums in double.
+static double sumsq(const float *x, int n) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    for (int i = 0; i < n; i += 16) {
+        const __m512 v = _mm512_maskz_loadu_ps(td_x86_mask16(n - i), x + i);
+        const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        a0 = _mm512_fmadd_pd(lo, lo, a0);
+        a1 = _mm512_fmadd_pd(hi, hi, a1);
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+}
+
+static void rmsnorm(const td_rmsnorm_args *a, int ith, int nth) {
+    long lo, hi;
+    td_split(a->n_rows, ith, nth, &lo, &hi);
+    for (long r = lo; r < hi; r++) {
+        const float *x = a->x + (size_t)r * a->n;
+        float *y = a->y + (size_t)r * a->n;
+        const __m512 s = _mm512_set1_ps((float)(1.0 / sqrt(sumsq(x, a->n) / a->n + (double)a->eps)));
+        for (int i = 0; i < a->n; i += 16) {
+            const __mmask16 m = td_x86_mask16(a->n - i);
+            const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), s);  // x * s * w, as the ref
+            _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, a->w + i)));
+        }
+    }
+}
+
+static void silu_mul(const td_silu_mul_args *a, int ith, int nth) {
+    long lo, hi;
+    td_split((long)a->n, ith, nth, &lo, &hi);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (long i = lo; i < hi; i += 16) {
+        const __mmask16 m = td_x86_mask16(hi - i);
+        const __m512 g = _mm512_maskz_loadu_ps(m, a->gate + i);
+        const __m512 e = td_x86_exp(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(a->gate + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, a->up + i)));
+    }
+}
+
+static void add(const td_add_args *a, int ith, int nth) {
+    long lo, hi;
+    td_split((long)a->n, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i += 16) {
+        const __mmask16 m = td_x86_mask16(hi - i);
+        const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, a->y + i), _mm512_maskz_loadu_ps(m, a->x + i));
+        _mm512_mask_storeu_ps(a->y + i, m, v);
+    }
+}
+
+// Angles as the reference (double cos/sin per position); the rotation itself vectorized for the
+// neox layout (halves are contiguous). Adjacent-pair heads use the reference loop.
+static void rope(const td_rope_args *a, int ith, int nth) {
+    if (!a->neox) {
+        td_ref_rope(a, ith, nth);
+        return;
+    }
+    const int half = a->head_dim / 2;
+    float cs[TD_ATTN_MAX_HEAD_DIM / 2], sn[TD_ATTN_MAX_HEAD_DIM / 2];
+    long lo, hi;
+    td_split(a->n_tok, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++) {
+        const double p = a->pos[t];
+        for (int i = 0; i < half; i++) {
+            const double ang = p * a->inv_freq[i];
+            cs[i] = (float)cos(ang);
+            sn[i] = (float)sin(ang);
+        }
+        for (int h = 0; h < a->n_heads; h++) {
+            float *x = a->x + ((size_t)t * a->n_heads + h) * a->head_dim;
+            for (int i = 0; i < half; i += 16) {
+                const __mmask16 m = td_x86_mask16(half - i);
+                const __m512 x0 = _mm512_maskz_loadu_ps(m, x + i), x1 = _mm512_maskz_loadu_ps(m, x + half + i);
+                const __m512 c = _mm512_maskz_loadu_ps(m, cs + i), s = _mm512_maskz_loadu_ps(m, sn + i);
+                _mm512_mask_storeu_ps(x + i, m, _mm512_sub_ps(_mm512_mul_ps(x0, c), _mm512_mul_ps(x1, s)));
+                _mm512_mask_storeu_ps(x + half + i, m, _mm512_add_ps(_mm512_mul_ps(x1, c), _mm512_mul_ps(x0, s)));
+            }
+        }
+    }
+}
+
+#define ATTN_TILE 64  // keys scored at once, as the reference
+
+static inline float dot(const float *a, const float *b, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = td_x86_mask16(n - i);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+// One (token, head) work item with head_dim = 16 NV: q and the output accumulator live in NV
+// registers each; otherwise the same online softmax as the generic loop below.
+static inline __attribute__((always_inline)) void attend_regs(const td_attention_args *a, int t, int h, const int NV) {
+    const int hd = 16 * NV, group = a->n_heads / a->n_kv_heads;
+    const int seq = a->seq_id[t], n_keys = a->pos[t] + 1;
+    const size_t koff = (size_t)(h / group) * hd;
+    const float *qp = a->q + ((size_t)t * a->n_heads + h) * hd;
+    __m512 q[8], o[8];
+    float s[ATTN_TILE] __attribute__((aligned(64)));
+    TD_UNROLL
+    for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qp + 16 * v), o[v] = _mm512_setzero_ps();
+    float m = -INFINITY, l = 0.0f;
+    for (int j0 = 0; j0 < n_keys; j0 += ATTN_TILE) {
+        const int nj = n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE;
+        float mt = -INFINITY;
+        for (int j = 0; j < nj; j++) {
+            const float *k = td_kv_k_row(a->kv, seq, j0 + j) + koff;
+            __m512 d = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+            TD_UNROLL
+            for (int v = 1; v < NV; v++) d = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), d);
+            s[j] = _mm512_reduce_add_ps(d) * a->scale;
+            if (s[j] > mt) mt = s[j];
+        }
+        if (mt > m) {
+            const __m512 c = _mm512_set1_ps(expf(m - mt));
+            l *= expf(m - mt);
+            TD_UNROLL
+            for (int v = 0; v < NV; v++) o[v] = _mm512_mul_ps(o[v], c);
+            m = mt;
+        }
+        for (int j = 0; j < nj; j += 16) {
+            const __mmask16 mk = td_x86_mask16(nj - j);
+            const __m512 e = td_x86_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), _mm512_set1_ps(m)));
+            _mm512_mask_storeu_ps(s + j, mk, e);
+        }
+        for (int j = 0; j < nj; j++) {
+            const float *vr = td_kv_v_row(a->kv, seq, j0 + j) + koff;
+            const __m512 e = _mm512_set1_ps(s[j]);
+            l += s[j];
+            TD_UNROLL
+            for (int v = 0; v < NV; v++) o[v] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * v), o[v]);
+        }
+    }
+    float *out = a->out + ((size_t)t * a->n_heads + h) * hd;
+    const __m512 il = _mm512_set1_ps(1.0f / l);
+    TD_UNROLL
+    for (int v = 0; v < NV; v++) _mm512_storeu_ps(out + 16 * v, _mm512_mul_ps(o[v], il));
+}
+
+// The reference's online softmax over tiles of keys, with vector dots, exps and axpys; head_dim
+// 64 and 128 (the common ones) keep q and the output in registers.
+static void attention(const td_attention_args *a, int ith, int nth) {
+    if (a->head_dim == 64 || a->head_dim == 128) {
+        long lo, hi;
+        td_split((long)a->n_tok * a->n_heads, ith, nth, &lo, &hi);
+        for (long w = lo; w < hi; w++) {
+            if (a->head_dim == 64)
+                attend_regs(a, (int)(w / a->n_heads), (int)(w % a->n_heads), 4);
+            else
+                attend_regs(a, (int)(w / a->n_heads), (int)(w % a->n_heads), 8);
+        }
+        return;
+    }
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
+    float o[TD_ATTN_MAX_HEAD_DIM] __attribute__((aligned(64))), s[ATTN_TILE] __attribute__((aligned(64)));
+    long lo, hi;
+    td_split((long)a->n_tok * a->n_heads, ith, nth, &lo, &hi);
+    for (long w = lo; w < hi; w++) {
+        const int t = (int)(w / a->n_heads), h = (int)(w % a->n_heads);
+        const int seq = a->seq_id[t], n_keys = a->pos[t] + 1;
+        const size_t koff = (size_t)(h / group) * hd;
+        const float *q = a->q + ((size_t)t * a->n_heads + h) * hd;
+        float m = -INFINITY, l = 0.0f;
+        memset(o, 0, sizeof(float) * (size_t)hd);
+        for (int j0 = 0; j0 < n_keys; j0 += ATTN_TILE) {
+            const int nj = n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE;
+            float mt = -INFINITY;
+            for (int j = 0; j < nj; j++) {
+                s[j] = dot(q, td_kv_k_row(a->kv, seq, j0 + j) + koff, hd) * a->scale;
+                if (s[j] > mt) mt = s[j];
+            }
+            if (mt > m) {
+                const float c = expf(m - mt);
+                l *= c;
+                for (int i = 0; i < hd; i += 16) {
+                    const __mmask16 mk = td_x86_mask16(hd - i);
+                    _mm512_mask_storeu_ps(o + i, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, o + i), _mm512_set1_ps(c)));
+                }
+                m = mt;
+            }
+            for (int j = 0; j < nj; j += 16) {  // e_j = exp(s_j - m), in place
+                const __mmask16 mk = td_x86_mask16(nj - j);
+                const __m512 e = td_x86_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), _mm512_set1_ps(m)));
+                _mm512_mask_storeu_ps(s + j, mk, e);
+            }
+            for (int j = 0; j < nj; j++) {
+                const float *v = td_kv_v_row(a->kv, seq, j0 + j) + koff;
+                const __m512 e = _mm512_set1_ps(s[j]);
+                l += s[j];
+                for (int i = 0; i < hd; i += 16) {
+                    const __mmask16 mk = td_x86_mask16(hd - i);
+                    _mm512_mask_storeu_ps(o + i, mk, _mm512_fmadd_ps(e, _mm512_maskz_loadu_ps(mk, v + i), _mm512_maskz_loadu_ps(mk, o + i)));
+                }
+            }
+        }
+        float *out = a->out + ((size_t)t * a->n_heads + h) * hd;
+        const __m512 il = _mm512_set1_ps(1.0f / l);
+        for (int i = 0; i < hd; i += 16) {
+            const __mmask16 mk = td_x86_mask16(hd - i);
+            _mm512_mask_storeu_ps(out + i, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, o + i), il));
+        }
+    }
+}
+
+TD_X86_TARGET_END
+
+const td_kernels td_kernels_avx512 = {
+    .name = "avx512",
+    .matmul = td_avx512_matmul,
+    .rmsnorm = rmsnorm,
+    .rope = rope,
+    .kv_write = td_ref_kv_write,
+    .attention = attention,
+    .silu_mul = silu_mul,
+    .embed = td_ref_embed,
+    .add = add,
+};
+
+const td_kernels td_kernels_avx512_int8 = {
+    .name = "avx512-int8",
+    .matmul = td_avx512_matmul_int8,
+    .rmsnorm = rmsnorm,
+    .rope = rope,
+    .kv_write = td_ref_kv_write,
+    .attention = attention,
+    .silu_mul = silu_mul,
+    .embed = td_ref_embed,
+    .add = add,
+};
+#endif

@@ -1,0 +1,233 @@
+// AVX-512 low-precision-activation matmuls (the avx512-int8 set): Q8_0/Q4_0 weights against
+// activations quantized per 32-element block to int8 + f32 scale, integer dots with VNNI vpdpbusd;
+// BF16 weights with vdpbf16ps on bf16-rounded activations; other dtypes go to the exact path.
+// Compiled for AVX-512 + VNNI + BF16 (td_x86_has_avx512_int8). Batch-invariant as the exact path:
+// each (row, token) pair has one accumulator and a token's quantization depends only on it.
+#include "kernels/x86/x86.h"
+
+#ifdef TD_KERNELS_X86
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "base/threadpool.h"
+#include "kernels/x86/avx512_impl.h"
+#include "kernels/x86/tiles.h"
+
+TD_X86_TARGET_INT8_BEGIN
+
+enum {
+    MR = TD_X86_MR, MT = TD_X86_MT, DR = TD_X86_DR,
+    L2_BLOCK = 256 * 1024,  // bytes of weight rows kept hot while every token tile passes over them
+};
+#define INL TD_X86_INL
+
+// ---- bf16 x bf16 (vdpbf16ps) --------------------------------------------------------------------
+
+// One 32-element step: 32 bf16 weights per instruction against the activations rounded to bf16.
+INL void bf16dp_step(int NR, int NT, const uint8_t *const *w, const float *const *x, int64_t i, __mmask16 m0,
+                     __mmask16 m1, size_t pf, __m512 acc[DR][MT]) {
+    __m512bh xb[MT];
+TD_UNROLL
+    for (int t = 0; t < NT; t++)
+        xb[t] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, x[t] + i + 16), _mm512_maskz_loadu_ps(m0, x[t] + i));
+    const __mmask32 m = (__mmask32)m0 | ((__mmask32)m1 << 16);
+TD_UNROLL
+    for (int r = 0; r < NR; r++) {
+        const __m512bh wb = (__m512bh)_mm512_maskz_loadu_epi16(m, (const uint16_t *)w[r] + i);
+        td_x86_prefetch((const char *)w[r] + pf + 2 * i, 64);
+TD_UNROLL
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wb, xb[t]);
+    }
+}
+
+// out[r * NT + t] = dot(w[r], bf16(x[t])) (a td_x86_tile_fn), masked tail as the exact tile.
+INL void bf16dp_tile(int NR, int NT, const uint8_t *const *w, const float *const *x, int64_t n, size_t rb, float *out) {
+    const size_t pf = td_x86_prefetch_ahead(rb, NR);
+    __m512 acc[DR][MT];
+TD_UNROLL
+    for (int r = 0; r < NR; r++)
+TD_UNROLL
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    const int64_t n32 = n & ~(int64_t)31;
+    for (int64_t i = 0; i < n32; i += 32) bf16dp_step(NR, NT, w, x, i, 0xffff, 0xffff, pf, acc);
+    if (n32 < n) bf16dp_step(NR, NT, w, x, n32, td_x86_mask16(n - n32), td_x86_mask16(n - n32 - 16), pf, acc);
+TD_UNROLL
+    for (int r = 0; r < NR; r++)
+TD_UNROLL
+        for (int t = 0; t < NT; t++) out[r * NT + t] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+static void bf16dp_batch(const uint8_t *const *w, const float *const *x, int64_t n, size_t rb, float *o) {
+    bf16dp_tile(MR, MT, w, x, n, rb, o);
+}
+static void bf16dp_decode(const uint8_t *const *w, const float *const *x, int64_t n, size_t rb, float *o) {
+    bf16dp_tile(DR, 1, w, x, n, rb, o);
+}
+static const td_x86_tiles bf16dp_tiles = {bf16dp_batch, bf16dp_decode, MR, MT, DR, 1024};
+
+// ---- int8 family (Q8_0, Q4_0 weights) ----------------------------------------------------------
+
+// Activations are quantized per 32-element block: dx = max|x| / 127, q = round-half-even(x * (127 /
+// max|x|)) in f32 (test_kernels_simd emulates exactly this), kept with an f32 scale (GGUF's Q8_0 keeps f16; f32 is slightly more accurate). Two blocks
+// (A, B) form one 64-byte pair laid out as the weights unpack, so no shuffles are needed per row:
+//   Q8_0 weights: [A 0..31 | B 0..31];  Q4_0 weights: [A 0..15 | B 0..15 | A 16..31 | B 16..31].
+// vpdpbusd multiplies unsigned by signed bytes: weights are made unsigned (Q8_0: q + 128 by xor
+// 0x80; Q4_0: the raw nibble, q + 8) and the excess K * sum(qx) per block is pre-subtracted through
+// `off`, the accumulator's initial value (one lane per block).
+typedef struct {
+    int8_t q[64];
+    float d[16];    // dx per int32 lane
+    int32_t off[16];
+} xpair;
+
+enum { CHUNK_PAIRS = 32 };  // 2048 activation elements quantized per token at a time (stack)
+
+// Quantizes `np` pairs of one token's activations (elements from x, n_blocks blocks left in the row).
+static void quantize_pairs(const float *x, int64_t n_blocks, int np, int q4, xpair *out) {
+    for (int p = 0; p < np; p++, x += 64, n_blocks -= 2) {
+        __m128i part[4];  // 16-byte quarters in element order: A lo, A hi, B lo, B hi
+        float dx[2];
+        int32_t sum[2];
+        for (int k = 0; k < 2; k++) {
+            if (k >= n_blocks) {  // odd block count: an empty B block
+                part[2 * k] = part[2 * k + 1] = _mm_setzero_si128();
+                dx[k] = 0.0f, sum[k] = 0;
+                continue;
+            }
+            const __m512 v0 = _mm512_loadu_ps(x + 32 * k), v1 = _mm512_loadu_ps(x + 32 * k + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+            dx[k] = amax / 127.0f;
+            const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+            part[2 * k] = _mm512_cvtepi32_epi8(i0);
+            part[2 * k + 1] = _mm512_cvtepi32_epi8(i1);
+            sum[k] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        }
+        xpair *o = &out[p];
+        const int order_q8[4] = {0, 1, 2, 3}, order_q4[4] = {0, 2, 1, 3};
+        for (int k = 0; k < 4; k++)
+            _mm_storeu_si128((__m128i *)(o->q + 16 * k), part[q4 ? order_q4[k] : order_q8[k]]);
+        const int32_t excess = q4 ? 8 : 128;
+        memset(o->off, 0, sizeof o->off);
+        for (int l = 0; l < 16; l++) {
+            const int blk = q4 ? (l >> 2) & 1 : l >> 3;
+            o->d[l] = dx[blk];
+        }
+        o->off[0] = -excess * sum[0];
+        o->off[q4 ? 4 : 8] = -excess * sum[1];
+    }
+}
+
+static const td_block_q8_0 zero_q8;
+static const td_block_q4_0 zero_q4;
+
+// Two f16 block scales spread over the int32 lanes of their blocks (lane l takes scale idx[l]).
+INL __m512 pair_scales(uint16_t da, uint16_t db, __m512i idx) {
+    const __m128 d = _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(da), db, 1));
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d));
+}
+
+// A weight pair (blocks 2p, 2p + 1 of a row; B empty past the end) as unsigned bytes + scales.
+INL void load_wpair(int q4, const uint8_t *row, int64_t blk, int64_t n_blocks, __m512i *wq, __m512 *wd) {
+    if (q4) {
+        const td_block_q4_0 *a = (const td_block_q4_0 *)row + blk, *b = blk + 1 < n_blocks ? a + 1 : &zero_q4;
+        const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a->qs)),
+                                                  _mm_loadu_si128((const __m128i *)b->qs), 1);
+        const __m256i m = _mm256_set1_epi8(15);
+        *wq = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m)),
+                                 _mm256_and_si256(_mm256_srli_epi16(v, 4), m), 1);
+        *wd = pair_scales(a->d, b->d, _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0));
+    } else {
+        const td_block_q8_0 *a = (const td_block_q8_0 *)row + blk, *b = blk + 1 < n_blocks ? a + 1 : &zero_q8;
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a->q)),
+                                             _mm256_loadu_si256((const __m256i *)b->q), 1);
+        *wq = _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+        *wd = pair_scales(a->d, b->d, _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0));
+    }
+}
+
+// acc[r][t] += sum over the chunk's pairs of (int dot + off) * dw * dx, per lane, in pair order.
+INL void int8_tile(int q4, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0,
+                   int np, int64_t n_blocks, size_t pf, __m512 acc[DR][MT]) {
+    for (int p = 0; p < np; p++) {
+        __m512i xq[MT];
+TD_UNROLL
+        for (int t = 0; t < NT; t++) xq[t] = _mm512_loadu_si512(x[t][p].q);
+TD_UNROLL
+        for (int r = 0; r < NR; r++) {
+            __m512i wq;
+            __m512 wd;
+            load_wpair(q4, w[r], blk0 + 2 * p, n_blocks, &wq, &wd);
+            td_x86_prefetch((const char *)w[r] + pf + (blk0 + 2 * p) * (q4 ? 18 : 34), q4 ? 36 : 68);
+TD_UNROLL
+            for (int t = 0; t < NT; t++) {
+                const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(x[t][p].off), wq, xq[t]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), wd), _mm512_loadu_ps(x[t][p].d), acc[r][t]);
+            }
+        }
+    }
+}
+
+INL void int8_matmul(int q4, int NR, int NT, const td_matmul_args *a, int ith, int nth) {
+    const td_tensor *w = a->w;
+    const int64_t n_out = w->ne[0], n_in = w->ne[1], n_blocks = n_in / TD_QK, n_pairs = (n_blocks + 1) / 2;
+    const size_t rb = td_row_bytes(w->type, n_in);
+    long lo, hi;
+    td_split((long)n_out, ith, nth, &lo, &hi);
+    long block = (long)(L2_BLOCK / rb) / NR * NR;
+    if (block < NR) block = NR;
+    if (a->n_tok <= NT) block = hi - lo;
+    xpair xbuf[MT][CHUNK_PAIRS];
+    for (long b0 = lo; b0 < hi; b0 += block) {
+        const long b1 = hi - b0 < block ? hi : b0 + block;
+        for (int t0 = 0; t0 < a->n_tok; t0 += NT) {
+            const int ntv = a->n_tok - t0 < NT ? a->n_tok - t0 : NT;
+            for (int64_t p0 = 0; p0 < n_pairs; p0 += CHUNK_PAIRS) {
+                const int np = n_pairs - p0 < CHUNK_PAIRS ? (int)(n_pairs - p0) : CHUNK_PAIRS;
+                const xpair *x[MT];
+                for (int t = 0; t < NT; t++) {
+                    if (t < ntv)
+                        quantize_pairs(a->x + (size_t)(t0 + t) * n_in + p0 * 64, n_blocks - 2 * p0, np, q4, xbuf[t]);
+                    x[t] = xbuf[t < ntv ? t : ntv - 1];
+                }
+                for (long r0 = b0; r0 < b1; r0 += NR) {
+                    const int nrv = b1 - r0 < NR ? (int)(b1 - r0) : NR;
+                    const uint8_t *wr[DR];
+                    for (int r = 0; r < NR; r++)
+                        wr[r] = (const uint8_t *)w->data + (size_t)(r0 + (r < nrv ? r : nrv - 1)) * rb;
+                    __m512 acc[DR][MT];
+TD_UNROLL
+                    for (int r = 0; r < NR; r++)
+TD_UNROLL
+                        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+                    int8_tile(q4, NR, NT, wr, x, 2 * p0, np, n_blocks, td_x86_prefetch_ahead(rb, NR), acc);
+                    for (int r = 0; r < nrv; r++)
+                        for (int t = 0; t < ntv; t++) {
+                            float *y = &a->y[(size_t)(t0 + t) * n_out + r0 + r];
+                            const float s = _mm512_reduce_add_ps(acc[r][t]);
+                            *y = p0 ? *y + s : (a->bias ? a->bias[r0 + r] : 0.0f) + s;
+                        }
+                }
+            }
+        }
+    }
+}
+
+static void q8_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_matmul(0, MR, MT, a, ith, nth); }
+static void q8_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(0, DR, 1, a, ith, nth); }
+static void q4_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, MR, MT, a, ith, nth); }
+static void q4_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, DR, 1, a, ith, nth); }
+
+void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth) {
+    const int decode = a->n_tok == 1;
+    switch (a->w->type) {
+    case TD_Q8_0: (decode ? q8_int8_decode : q8_int8_prefill)(a, ith, nth); break;
+    case TD_Q4_0: (decode ? q4_int8_decode : q4_int8_prefill)(a, ith, nth); break;
+    case TD_BF16: td_x86_run_tiles(a, ith, nth, &bf16dp_tiles); break;
+    default: td_avx512_matmul(a, ith, nth); break;
+    }
+}
+
+TD_X86_TARGET_END
+#endif
