@@ -355,10 +355,17 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         res.steps_done++;
         res.last_step = ss.step;
         res.last_loss = ss.loss;
-        if (p->log)
-            fprintf(p->log, "step %ld/%ld | loss %.4f | lr %.3e | norm %.3f | %.0f tok/s\n",
+        if (p->log) {
+            // Remaining time from this run's mean step time so far (steps resumed from a
+            // checkpoint are not counted).
+            const double elapsed = td_now() - t_start;
+            const double eta = elapsed / (double)res.steps_done * (double)(p->steps - s - 1);
+            fprintf(p->log,
+                    "step %ld/%ld | loss %.4f | lr %.3e | norm %.3f | %.0f tok/s | %.0fs elapsed, "
+                    "%.0fs left\n",
                     ss.step + 1, p->steps, ss.loss, (double)ss.lr, ss.grad_norm,
-                    dt > 0 ? (double)(N * K) / dt : 0.0);
+                    dt > 0 ? (double)(N * K) / dt : 0.0, elapsed, eta);
+        }
         if (!isfinite(ss.loss)) {
             st = td_err_set(err, TD_ERR_INVALID, "train: the loss is not finite at step %ld",
                             ss.step + 1);
