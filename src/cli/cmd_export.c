@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/file.h"
 #include "base/log.h"
@@ -41,6 +42,18 @@ static const char *meta_tokenizer(const td_ckpt *ck, char *buf, size_t cap) {
     }
     cJSON_Delete(j);
     return r;
+}
+
+// Creates the parent directories of path (as mkdir -p of its dirname); errors surface on write.
+static void make_parents(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *q = buf + 1; *q; q++) {
+        if (*q != '/') continue;
+        *q = 0;
+        mkdir(buf, 0777);
+        *q = '/';
+    }
 }
 
 int td_cmd_export(int argc, char **argv) {
@@ -152,6 +165,7 @@ int td_cmd_export(int argc, char **argv) {
         fprintf(stderr, "tandem export: warning: no tokenizer (give --tokenizer DIR); %s\n",
                 hf ? "no tokenizer files written" : "the GGUF will have no vocabulary");
 
+    make_parents(out);
     double t0 = td_now();
     st = hf ? td_export_hf(out, &cfg, &p, td_train_ckpt_get, ck, &err)
             : td_export_gguf(out, &cfg, &p, td_train_ckpt_get, ck, &err);
