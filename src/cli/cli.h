@@ -15,4 +15,10 @@ int td_arg_float(const char *name, const char *v, double lo, double hi, double *
 // Parses "1,2,3" (commas and/or spaces) into a malloc'd array; returns count or -1 on error.
 long td_arg_ids(const char *v, int **out);
 
+// The embedded default model's directory (assets/default-model, found relative to the executable
+// first: ../assets/default-model from build/tandem; then the current directory) into buf, or NULL
+// when absent (default_model.c).
+const char *td_default_model_path(char *buf, size_t cap);
+#define TD_DEFAULT_MODEL_HELP "assets/default-model beside the executable (../ from build/) or in the current directory"
+
 #endif

@@ -17,8 +17,9 @@
 
 static void run_usage(FILE *f) {
     fprintf(f,
-            "usage: tandem run MODEL [options]\n"
+            "usage: tandem run [MODEL] [options]\n"
             "  MODEL                 model directory (config.json + safetensors) or .gguf file\n"
+            "                        (default: the embedded model, docs/default-model.md)\n"
             "  --prompt TEXT         prompt text (encoded with the model's tokenizer, BOS added as the\n"
             "                        tokenizer specifies)\n"
             "  --prompt-ids 1,2,3    prompt as token ids, used as given\n"
@@ -105,7 +106,6 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
         }
 #undef TAKE
     }
-    if (!o->model) return fprintf(stderr, "tandem run: MODEL is required (see tandem run --help)\n"), -1;
     if (!o->prompt == !o->prompt_ids)
         return fprintf(stderr, "tandem run: give exactly one of --prompt or --prompt-ids\n"), -1;
     return 1;
@@ -155,6 +155,12 @@ int td_cmd_run(int argc, char **argv) {
     run_opts o;
     int pr = parse_opts(argc, argv, &o);
     if (pr <= 0) return pr == 0 ? 0 : 2;
+    char dm[4096];
+    if (!o.model && !(o.model = td_default_model_path(dm, sizeof dm))) {
+        fprintf(stderr, "tandem run: no MODEL given and the default model is not installed (looked for "
+                        TD_DEFAULT_MODEL_HELP "). Usage: tandem run MODEL --prompt TEXT\n");
+        return 2;
+    }
 
     int rc = 1;
     td_err err = {0};

@@ -17,13 +17,11 @@
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
-#define DEFAULT_MODEL ".cache/ref/llama2"  // until the embedded default model exists
-
 static void serve_usage(FILE *f) {
     fprintf(f,
             "usage: tandem serve [MODEL] [options]\n"
             "  MODEL                    model directory (config.json + safetensors) or .gguf file\n"
-            "                           (default for now: " DEFAULT_MODEL " when present)\n"
+            "                           (default: the embedded model, docs/default-model.md)\n"
             "  --host ADDR              IPv4 address to bind (default 127.0.0.1)\n"
             "  --port N                 TCP port (default 8000; 0 = any free port, printed at start)\n"
             "  --kv-cache-memory BYTES  KV cache budget, suffixes K, M, G allowed (default: a quarter of\n"
@@ -122,13 +120,14 @@ int td_cmd_serve(int argc, char **argv) {
     serve_opts o;
     int pr = parse_opts(argc, argv, &o);
     if (pr <= 0) return pr == 0 ? 0 : 2;
+    char dm[4096];
     if (!o.model) {
-        if (!td_file_exists(DEFAULT_MODEL "/config.json")) {
-            fprintf(stderr, "tandem serve: no MODEL given and no default model (" DEFAULT_MODEL
-                            " is missing; there is no embedded model yet). Usage: tandem serve MODEL\n");
+        if (!(o.model = td_default_model_path(dm, sizeof dm))) {
+            fprintf(stderr, "tandem serve: no MODEL given and the default model is not installed (looked for "
+                            TD_DEFAULT_MODEL_HELP "). Usage: tandem serve MODEL\n");
             return 2;
         }
-        o.model = DEFAULT_MODEL;
+        fprintf(stderr, "tandem serve: no MODEL given: serving the default model %s\n", o.model);
     }
 
     // SIGINT/SIGTERM are blocked in every thread (the engine's and MHD's inherit the mask) and

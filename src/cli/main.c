@@ -7,6 +7,7 @@
 #include "cli/cmd_convert.h"
 #include "cli/cmd_train.h"
 #include "cli/cmd_eval.h"
+#include "cli/cmd_export.h"
 #include "cli/cmd_train_data.h"
 
 #define TANDEM_VERSION "0.1.0"
@@ -18,13 +19,14 @@ static void usage(FILE *f) {
             "usage: tandem <command> [options]\n"
             "\n"
             "commands:\n"
-            "  run MODEL        generate text from a prompt (MODEL: model directory or .gguf)\n"
-            "  serve [MODEL]    serve an OpenAI-compatible API (docs/serving.md)\n"
+            "  run [MODEL]      generate text from a prompt (MODEL: directory or .gguf; default: the embedded model)\n"
+            "  serve [MODEL]    serve an OpenAI-compatible API (docs/serving.md; default: the embedded model)\n"
             "  tokenize PATH    print the token ids of a text\n"
             "  detokenize PATH  print the text of token ids\n"
             "  convert MODEL    convert a model directory or GGUF (to GGUF F32/F16/BF16/Q8_0/Q4_0 or HF)\n"
             "  quantize IN OUT TYPE  convert a GGUF file to another type\n"
             "  train            train a Llama-family model (docs/training.md)\n"
+            "  export CKPT      a training checkpoint to an HF directory or GGUF (--to hf|gguf -o OUT)\n"
             "  tokenizer train  learn a byte-level BPE tokenizer from text files\n"
             "  data prepare     tokenize a corpus into training shards\n"
             "  bench serve      load-test an OpenAI-compatible server (docs/bench-serve.md)\n"
@@ -46,6 +48,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return td_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return td_cmd_detokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "train")) return td_cmd_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "export")) return td_cmd_export(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return td_cmd_convert(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return td_cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenizer")) {

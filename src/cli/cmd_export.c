@@ -1,0 +1,182 @@
+// `tandem export CKPT_OR_DIR --to hf|gguf -o OUT`: argument parsing over train_run.h's checkpoint
+// readers (td_train_ckpt_config / td_train_ckpt_get) and model/export.h's writers. Exit status 0 on
+// success, 1 on a runtime error (message on stderr), 2 on a usage error.
+// Not here: any format logic (export.c), checkpoint verification (ckpt.c).
+#include "cli/cmd_export.h"
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/file.h"
+#include "base/log.h"
+#include "model/export.h"
+#include "tokenizer/tokenizer.h"
+#include "train/ckpt.h"
+#include "train/train_run.h"
+
+static void export_usage(FILE *f) {
+    fprintf(f,
+            "usage: tandem export CKPT --to hf|gguf -o OUT [--type T] [--tokenizer DIR] [--name NAME]\n"
+            "  CKPT                  a checkpoint file (ckpt-<step>.tdck) or a checkpoint directory (its\n"
+            "                        newest checkpoint that verifies)\n"
+            "  --to hf|gguf          output format (default hf)\n"
+            "  -o, --out PATH        output directory (hf) or .gguf file\n"
+            "  --type T              hf: f32 (default), f16, bf16; gguf: f32, f16 (default), bf16, q8_0,\n"
+            "                        q4_0 (matrices; norms stay f32)\n"
+            "  --tokenizer PATH      tokenizer directory or tokenizer.json to copy / embed (default: the\n"
+            "                        \"tokenizer\" recorded in the checkpoint's metadata, if any)\n"
+            "  --name NAME           GGUF general.name (default: tandem)\n");
+}
+
+// The tokenizer path recorded in a checkpoint's metadata ({"tokenizer": "..."}), if any, into buf.
+static const char *meta_tokenizer(const td_ckpt *ck, char *buf, size_t cap) {
+    cJSON *j = cJSON_Parse(td_ckpt_meta(ck));
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tokenizer");
+    const char *r = NULL;
+    if (cJSON_IsString(t) && t->valuestring[0] && strlen(t->valuestring) < cap) {
+        snprintf(buf, cap, "%s", t->valuestring);
+        r = buf;
+    }
+    cJSON_Delete(j);
+    return r;
+}
+
+// Creates the parent directories of path (as mkdir -p of its dirname); errors surface on write.
+static void make_parents(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *q = buf + 1; *q; q++) {
+        if (*q != '/') continue;
+        *q = 0;
+        mkdir(buf, 0777);
+        *q = '/';
+    }
+}
+
+int td_cmd_export(int argc, char **argv) {
+    const char *src = NULL, *out = NULL, *to = "hf", *type_s = NULL, *tok = NULL, *name = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char **dst = NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            export_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--out")) dst = &out;
+        else if (!strcmp(a, "--to")) dst = &to;
+        else if (!strcmp(a, "--type")) dst = &type_s;
+        else if (!strcmp(a, "--tokenizer")) dst = &tok;
+        else if (!strcmp(a, "--name")) dst = &name;
+        else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "tandem export: unknown option %s\n", a);
+            export_usage(stderr);
+            return 2;
+        } else if (!src) {
+            src = a;
+            continue;
+        } else {
+            fprintf(stderr, "tandem export: unexpected argument %s\n", a);
+            return 2;
+        }
+        if (!v) {
+            fprintf(stderr, "tandem export: %s needs a value\n", a);
+            return 2;
+        }
+        *dst = v;
+        i++;
+    }
+    if (!src || !out) {
+        fprintf(stderr, "tandem export: %s\n", !src ? "no checkpoint given" : "no output given (-o PATH)");
+        export_usage(stderr);
+        return 2;
+    }
+    bool hf = !strcmp(to, "hf");
+    if (!hf && strcmp(to, "gguf")) {
+        fprintf(stderr, "tandem export: --to must be hf or gguf, not '%s'\n", to);
+        return 2;
+    }
+    int t = type_s ? td_export_parse_type(type_s) : (hf ? TD_F32 : TD_F16);
+    if (t < 0) {
+        fprintf(stderr, "tandem export: unknown type '%s' (f32, f16, bf16, q8_0, q4_0)\n", type_s);
+        return 2;
+    }
+    if (hf && t != TD_F32 && t != TD_F16 && t != TD_BF16) {
+        fprintf(stderr, "tandem export: a model directory holds f32, f16 or bf16, not %s\n", type_s);
+        return 2;
+    }
+
+    td_err err = {0};
+    td_ckpt *ck = NULL;
+    td_status st;
+    int64_t step = -1;
+    if (td_is_dir(src)) {
+        st = td_ckpt_dir_load_latest(src, &ck, &step, &err);
+    } else if (td_file_exists(src)) {
+        st = td_ckpt_open(src, &ck, &err);
+    } else {
+        fprintf(stderr, "tandem export: %s: no such file or directory\n", src);
+        return 1;
+    }
+    if (st) {
+        fprintf(stderr, "tandem export: %s\n", err.msg);
+        return 1;
+    }
+    td_model_config cfg;
+    st = td_train_ckpt_config(ck, &cfg, &err);
+    if (st) {
+        fprintf(stderr, "tandem export: %s: %s\n", src, err.msg);
+        td_ckpt_close(ck);
+        return 1;
+    }
+
+    td_export_params p = td_export_default_params();
+    p.type = (td_dtype)t;
+    p.name = name ? name : "tandem";
+    char tbuf[4096];
+    p.tokenizer = tok ? tok : meta_tokenizer(ck, tbuf, sizeof tbuf);
+    if (p.tokenizer && !td_is_dir(p.tokenizer) && !td_file_exists(p.tokenizer)) {
+        fprintf(stderr, "tandem export: tokenizer %s: no such file or directory\n", p.tokenizer);
+        td_ckpt_close(ck);
+        return tok ? 2 : 1;
+    }
+    if (p.tokenizer) {
+        // A model trained from scratch knows no special-token ids: take them from the tokenizer
+        // (config.json / generation_config.json then carry bos_token_id and eos_token_id), and
+        // check the tokenizer fits the embedding.
+        td_tokenizer *tk = NULL;
+        if (td_tokenizer_load(p.tokenizer, &tk, &err)) {
+            fprintf(stderr, "tandem export: %s\n", err.msg);
+            td_ckpt_close(ck);
+            return 1;
+        }
+        int tv = td_tokenizer_vocab_size(tk), bos = td_tokenizer_bos_id(tk), eos = td_tokenizer_eos_id(tk);
+        td_tokenizer_free(tk);
+        if (tv > cfg.vocab_size) {
+            fprintf(stderr, "tandem export: tokenizer %s has %d tokens, the model's vocabulary only %d\n",
+                    p.tokenizer, tv, cfg.vocab_size);
+            td_ckpt_close(ck);
+            return 1;
+        }
+        if (cfg.bos_id < 0 && bos >= 0) cfg.bos_id = bos;
+        if (cfg.n_eos == 0 && eos >= 0) cfg.eos_ids[0] = eos, cfg.n_eos = 1;
+    } else
+        fprintf(stderr, "tandem export: warning: no tokenizer (give --tokenizer DIR); %s\n",
+                hf ? "no tokenizer files written" : "the GGUF will have no vocabulary");
+
+    make_parents(out);
+    double t0 = td_now();
+    st = hf ? td_export_hf(out, &cfg, &p, td_train_ckpt_get, ck, &err)
+            : td_export_gguf(out, &cfg, &p, td_train_ckpt_get, ck, &err);
+    td_ckpt_close(ck);
+    if (st) {
+        fprintf(stderr, "tandem export: %s\n", err.msg);
+        return 1;
+    }
+    if (step >= 0)
+        fprintf(stderr, "tandem export: %s: newest valid checkpoint is step %lld\n", src, (long long)step);
+    fprintf(stderr, "tandem export: wrote %s (%s, %s) in %.2f s\n", out, hf ? "model directory" : "GGUF",
+            td_dtype_name(p.type), td_now() - t0);
+    return 0;
+}
