@@ -19,7 +19,9 @@ __attribute__((target("avx512f"))) static float fma_loop(long iters) {
     __m512 a[CHAINS], b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
     for (int k = 0; k < CHAINS; k++) a[k] = _mm512_set1_ps((float)k);
 #define FMA(k) a[k] = _mm512_fmadd_ps(a[k], b, c);
-    for (long i = 0; i < iters; i++) { R12(FMA) }
+    for (long i = 0; i < iters; i++) {
+        R12(FMA)
+    }
     __m512 s = a[0];
     for (int k = 1; k < CHAINS; k++) s = _mm512_add_ps(s, a[k]);
     return _mm512_reduce_add_ps(s);
@@ -30,7 +32,9 @@ __attribute__((target("avx512f,avx512bf16"))) static float bf16_loop(long iters)
     __m512bh b = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3380);
     for (int k = 0; k < CHAINS; k++) a[k] = _mm512_set1_ps((float)k);
 #define DPB(k) a[k] = _mm512_dpbf16_ps(a[k], b, c);
-    for (long i = 0; i < iters; i++) { R12(DPB) }
+    for (long i = 0; i < iters; i++) {
+        R12(DPB)
+    }
     __m512 s = a[0];
     for (int k = 1; k < CHAINS; k++) s = _mm512_add_ps(s, a[k]);
     return _mm512_reduce_add_ps(s);
@@ -90,9 +94,10 @@ int main(int argc, char **argv) {
     measure(n, 0, &fw, &fc);
     int has_bf16 = __builtin_cpu_supports("avx512bf16");
     if (has_bf16) measure(n, 1, &bw, &bc);
-    printf("{\"threads\": %d, \"fp32_fma_gflops_wall\": %.1f, \"fp32_fma_gflops_cpu\": %.1f, "
-           "\"bf16_dot_gflops_wall\": %.1f, \"bf16_dot_gflops_cpu\": %.1f}\n",
-           n, fw, fc, bw, bc);
+    printf(
+        "{\"threads\": %d, \"fp32_fma_gflops_wall\": %.1f, \"fp32_fma_gflops_cpu\": %.1f, "
+        "\"bf16_dot_gflops_wall\": %.1f, \"bf16_dot_gflops_cpu\": %.1f}\n",
+        n, fw, fc, bw, bc);
     return 0;
 }
 #else

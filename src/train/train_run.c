@@ -120,8 +120,10 @@ static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long 
     snprintf(seed, sizeof seed, "%016" PRIx64, p->seed);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddItemToObject(o, "model", config_json(td_tmodel_config(tm)));
-    if (p->model_dir) cJSON_AddStringToObject(o, "model_dir", p->model_dir);
-    else cJSON_AddNullToObject(o, "model_dir");
+    if (p->model_dir)
+        cJSON_AddStringToObject(o, "model_dir", p->model_dir);
+    else
+        cJSON_AddNullToObject(o, "model_dir");
     cJSON_AddNumberToObject(o, "init_std", p->init_std);
     cJSON_AddStringToObject(o, "seed", seed);
     cJSON_AddNumberToObject(o, "batch", mp.batch);
@@ -153,8 +155,10 @@ static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long 
     cJSON_AddNumberToObject(o, "keep", p->keep);
     cJSON_AddBoolToObject(o, "resume", p->resume != 0);
     cJSON_AddNumberToObject(o, "resumed_from_step", (double)resumed_from);
-    if (p->metrics_path) cJSON_AddStringToObject(o, "metrics", p->metrics_path);
-    else cJSON_AddNullToObject(o, "metrics");
+    if (p->metrics_path)
+        cJSON_AddStringToObject(o, "metrics", p->metrics_path);
+    else
+        cJSON_AddNullToObject(o, "metrics");
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     if (!text) return td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
@@ -167,8 +171,10 @@ static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long 
         if (!(st = td_afile_open(&f, path, err))) {
             st = td_afile_write(&f, text, strlen(text), err);
             if (!st) st = td_afile_write(&f, "\n", 1, err);
-            if (st) td_afile_abort(&f);
-            else st = td_afile_commit(&f, err);
+            if (st)
+                td_afile_abort(&f);
+            else
+                st = td_afile_commit(&f, err);
         }
     }
     free(text);
@@ -397,8 +403,7 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
     if ((st = td_trainer_create(tm, &p->trainer, &tr, err))) goto done;
     int resumed = 0;
     if (p->resume && (st = restore(p, tm, tr, ld, &resumed, err))) goto done;
-    if (p->out_dir &&
-        (st = write_config(p, tm, resumed ? td_trainer_step_count(tr) : -1, err)))
+    if (p->out_dir && (st = write_config(p, tm, resumed ? td_trainer_step_count(tr) : -1, err)))
         goto done;
     const size_t N = (size_t)B * T;
     win = malloc((size_t)B * (T + 1) * sizeof *win);

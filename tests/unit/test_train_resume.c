@@ -34,20 +34,23 @@ static double now_s(void) {
 }
 
 // Starts `tandem train` on the test shard with the shared model flags plus `extra` (NULL-ended),
-// stdout/stderr to out_dir/<tag>.out/.err. Returns the pid.
-static pid_t spawn(const char *out, const char *metrics, const char *tag, const char *const *extra) {
+// stdout/stderr to g_dir/<tag>.out/.err. Returns the pid.
+static pid_t spawn(const char *out, const char *metrics, const char *tag,
+                   const char *const *extra) {
     char steps[16], ce[16], keep[16], so[400], se[400];
-    snprintf(steps, sizeof steps, "%d", S), snprintf(ce, sizeof ce, "%d", C);
+    snprintf(steps, sizeof steps, "%d", S);
+    snprintf(ce, sizeof ce, "%d", C);
     snprintf(keep, sizeof keep, "%d", K);
-    snprintf(so, sizeof so, "%s/%s.out", g_dir, tag), snprintf(se, sizeof se, "%s/%s.err", g_dir, tag);
+    snprintf(so, sizeof so, "%s/%s.out", g_dir, tag);
+    snprintf(se, sizeof se, "%s/%s.err", g_dir, tag);
     const char *argv[64];
     int n = 0;
-    const char *base[] = {g_bin,      "train",      "--dim",     "96",     "--layers", "2",
-                          "--heads",  "4",          "--ffn",     "256",    "--batch",  "4",
-                          "--seq-len", "48",        "--steps",   steps,    "--lr",     "3e-3",
-                          "--warmup", "4",          "--threads", "2",      "--seed",   "7",
-                          "--ckpt-every", ce,       "--keep",    keep,     "--out",    out,
-                          "--metrics", metrics,     g_shard};
+    const char *base[] = {g_bin,          "train", "--dim",     "96",  "--layers", "2",
+                          "--heads",      "4",     "--ffn",     "256", "--batch",  "4",
+                          "--seq-len",    "48",    "--steps",   steps, "--lr",     "3e-3",
+                          "--warmup",     "4",     "--threads", "2",   "--seed",   "7",
+                          "--ckpt-every", ce,      "--keep",    keep,  "--out",    out,
+                          "--metrics",    metrics, g_shard};
     for (size_t i = 0; i < sizeof base / sizeof *base; i++) argv[n++] = base[i];
     for (int i = 0; extra && extra[i]; i++) argv[n++] = extra[i];
     argv[n] = NULL;
@@ -56,7 +59,8 @@ static pid_t spawn(const char *out, const char *metrics, const char *tag, const 
         int fo = open(so, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         int fe = open(se, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fo < 0 || fe < 0) _exit(127);
-        dup2(fo, 1), dup2(fe, 2);
+        dup2(fo, 1);
+        dup2(fe, 2);
         execv(g_bin, (char *const *)argv);
         _exit(127);
     }
@@ -106,7 +110,8 @@ static int field(const char *line, const char *key, char *out, size_t cap) {
     p += strlen(k);
     size_t n = strcspn(p, ",}");
     if (n == 0 || n >= cap || !p[n]) return 0;
-    memcpy(out, p, n), out[n] = 0;
+    memcpy(out, p, n);
+    out[n] = 0;
     return 1;
 }
 
@@ -140,8 +145,8 @@ static int check_segment(const char *metrics, const char *what) {
     int n = read_metrics(metrics, m, MAXLINES), bad = 0;
     for (int i = 0; i < n; i++) {
         const mline *r = m[i].step >= 1 && m[i].step <= g_nref ? &g_ref[m[i].step - 1] : NULL;
-        if (!r || r->step != m[i].step || strcmp(r->loss, m[i].loss) || strcmp(r->norm, m[i].norm) ||
-            strcmp(r->lr, m[i].lr)) {
+        if (!r || r->step != m[i].step || strcmp(r->loss, m[i].loss) ||
+            strcmp(r->norm, m[i].norm) || strcmp(r->lr, m[i].lr)) {
             if (bad++ < 3)
                 fprintf(stderr, "%s: step %d: loss %s norm %s vs uninterrupted %s %s\n", what,
                         m[i].step, m[i].loss, m[i].norm, r ? r->loss : "-", r ? r->norm : "-");
@@ -206,29 +211,42 @@ static void check_config(const char *dir, double resumed_from) {
     const struct {
         const char *key;
         double want;
-    } want[] = {{"model.hidden_size", 96},   {"model.num_hidden_layers", 2},
-                {"model.num_attention_heads", 4}, {"model.num_key_value_heads", 4},
-                {"model.head_dim", 24},      {"model.intermediate_size", 256},
-                {"model.vocab_size", VOCAB}, {"model.rope_theta", 10000},
-                {"batch", 4},                {"seq_len", 48},
-                {"grad_accum", 1},           {"threads", 2},
-                {"steps", S},                {"lr_schedule.max_lr", 3e-3f},
-                {"lr_schedule.min_lr", 3e-4f}, {"lr_schedule.warmup_steps", 4},
-                {"lr_schedule.total_steps", S}, {"grad_clip", 1},
-                {"adamw.beta1", 0.9f},       {"adamw.beta2", 0.95f},
-                {"adamw.eps", 1e-8f},        {"adamw.weight_decay", 0.1f},
-                {"init_std", 0.02f},         {"ckpt_every", C},
-                {"keep", K},                 {"resumed_from_step", resumed_from}};
+    } want[] = {{"model.hidden_size", 96},
+                {"model.num_hidden_layers", 2},
+                {"model.num_attention_heads", 4},
+                {"model.num_key_value_heads", 4},
+                {"model.head_dim", 24},
+                {"model.intermediate_size", 256},
+                {"model.vocab_size", VOCAB},
+                {"model.rope_theta", 10000},
+                {"batch", 4},
+                {"seq_len", 48},
+                {"grad_accum", 1},
+                {"threads", 2},
+                {"steps", S},
+                {"lr_schedule.max_lr", 3e-3f},
+                {"lr_schedule.min_lr", 3e-4f},
+                {"lr_schedule.warmup_steps", 4},
+                {"lr_schedule.total_steps", S},
+                {"grad_clip", 1},
+                {"adamw.beta1", 0.9f},
+                {"adamw.beta2", 0.95f},
+                {"adamw.eps", 1e-8f},
+                {"adamw.weight_decay", 0.1f},
+                {"init_std", 0.02f},
+                {"ckpt_every", C},
+                {"keep", K},
+                {"resumed_from_step", resumed_from}};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
         double v = num(o, want[i].key);  // the options are floats: compare as floats
         CHECK((float)v == (float)want[i].want, "%s: %s = %.9g, expected %.9g", path, want[i].key, v,
               want[i].want);
     }
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(o, "shards");
-    CHECK(cJSON_GetArraySize(sh) == 1 &&
-              !strcmp(str_or_empty(cJSON_GetArrayItem(sh, 0)), g_shard),
+    CHECK(cJSON_GetArraySize(sh) == 1 && !strcmp(str_or_empty(cJSON_GetArrayItem(sh, 0)), g_shard),
           "%s: shards", path);
-    const char *strs[][2] = {{"precision", "fp32"}, {"gemm", "kernels"}, {"seed", "0000000000000007"}};
+    const char *strs[][2] = {
+        {"precision", "fp32"}, {"gemm", "kernels"}, {"seed", "0000000000000007"}};
     for (int i = 0; i < 3; i++)
         CHECK(!strcmp(str_or_empty(cJSON_GetObjectItemCaseSensitive(o, strs[i][0])), strs[i][1]),
               "%s: %s", path, strs[i][0]);
@@ -262,7 +280,8 @@ int main(void) {
     CHECK(td_shard_write(g_shard, VOCAB, ids, NTOK, 1, &err) == TD_OK, "shard: %s", err.msg);
 
     char ref[300], out[300], m[400];
-    snprintf(ref, sizeof ref, "%s/ref", g_dir), snprintf(out, sizeof out, "%s/run", g_dir);
+    snprintf(ref, sizeof ref, "%s/ref", g_dir);
+    snprintf(out, sizeof out, "%s/run", g_dir);
 
     // (a) The uninterrupted run.
     const double t0 = now_s();
@@ -272,7 +291,8 @@ int main(void) {
     CHECK(rc == 0, "uninterrupted run exited %d (see %s/ref.err)", rc, g_dir);
     g_nref = read_metrics(m, g_ref, MAXLINES);
     CHECK(g_nref == S, "uninterrupted run logged %d steps", g_nref);
-    for (int i = 0; i < g_nref; i++) CHECK(g_ref[i].step == i + 1, "ref line %d: step %d", i, g_ref[i].step);
+    for (int i = 0; i < g_nref; i++)
+        CHECK(g_ref[i].step == i + 1, "ref line %d: step %d", i, g_ref[i].step);
     printf("uninterrupted: %d steps in %.2f s, loss %s -> %s\n", g_nref, t_run,
            g_nref ? g_ref[0].loss : "-", g_nref ? g_ref[g_nref - 1].loss : "-");
     check_config(ref, -1);
@@ -337,7 +357,8 @@ int main(void) {
     for (int s = 1; s <= S; s++) covered += g_seen[s];
     CHECK(covered == S, "the segments logged %d of %d steps", covered, S);
     char fa[400], fb[400];
-    snprintf(fa, sizeof fa, "%s/ckpt-%06d.tdck", ref, S), snprintf(fb, sizeof fb, "%s/ckpt-%06d.tdck", out, S);
+    snprintf(fa, sizeof fa, "%s/ckpt-%06d.tdck", ref, S);
+    snprintf(fb, sizeof fb, "%s/ckpt-%06d.tdck", out, S);
     CHECK(same_tensors(fa, fb), "final weights/optimizer state differ from the uninterrupted run");
 
     // (c) Only the last K checkpoints remain, and no temporary.
@@ -379,7 +400,8 @@ int main(void) {
     snprintf(errp, sizeof errp, "%s/seg5.err", g_dir);
     snprintf(want, sizeof want, "%s: tensor adam.v: checksum mismatch", fb);
     CHECK(file_contains(errp, want), "stderr of the resume does not say '%s'", want);
-    CHECK(check_segment(m, "after corruption") == S - C + 1, "after corruption: wrong resume point");
+    CHECK(check_segment(m, "after corruption") == S - C + 1,
+          "after corruption: wrong resume point");
 
     // Every checkpoint bad: a clear error, no training from scratch.
     nck = td_ckpt_dir_list(out, steps, 8);
