@@ -352,7 +352,8 @@ int main(void) {
     rc = wait_pid(spawn(out, m, "seg3", resume));
     CHECK(rc == 0, "final segment exited %d", rc);
     int s3 = check_segment(m, "segment 3");
-    CHECK(s3 > 1 && (s3 - 1) % C == 0, "segment 3 resumed at step %d", s3);
+    // (When segment 2 ran to the end unkilled, segment 3 has nothing left to do.)
+    CHECK(mid_write ? s3 > 1 && (s3 - 1) % C == 0 : s3 == -1, "segment 3 resumed at step %d", s3);
     int covered = 0;
     for (int s = 1; s <= S; s++) covered += g_seen[s];
     CHECK(covered == S, "the segments logged %d of %d steps", covered, S);
