@@ -135,6 +135,15 @@ static int read_metrics(const char *path, mline *out, int cap) {
     return n;
 }
 
+static int count_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF) n += c == '\n';
+    fclose(f);
+    return n;
+}
+
 static mline g_ref[MAXLINES];
 static int g_nref;
 static int g_seen[S + 1];  // steps logged by the interrupted/resumed segments
@@ -297,15 +306,17 @@ int main(void) {
            g_nref ? g_ref[0].loss : "-", g_nref ? g_ref[g_nref - 1].loss : "-");
     check_config(ref, -1);
 
-    // (b1) Killed with SIGKILL at a random moment after its first checkpoint.
+    // (b1) Killed with SIGKILL at a random moment after its first checkpoint: once the run has
+    // logged a random step in (C, S/2] (by progress, not time, so a loaded machine cannot let it
+    // finish first), plus a random part of a step.
     snprintf(m, sizeof m, "%s/seg1.jsonl", g_dir);
     pid_t pid = spawn(out, m, "seg1", NULL);
     long tmp = 0;
+    const int target = C + 1 + rand() % (S / 2 - C);
     const double t1 = now_s();
-    while (scan(out, &tmp) == 0 && now_s() - t1 < 60) usleep(500);
-    // Somewhere within the next ~3 checkpoint intervals (the run lasts S/C = 12 of them).
-    const double per_step = t_run / S;
-    usleep((useconds_t)(1e6 * per_step * C * 3 * (rand() / (double)RAND_MAX)));
+    while (count_lines(m) < target && now_s() - t1 < 60 && waitpid(pid, NULL, WNOHANG) == 0)
+        usleep(200);
+    usleep((useconds_t)(1e6 * t_run / S * (rand() / (double)RAND_MAX)));
     kill(pid, SIGKILL);
     rc = wait_pid(pid);
     CHECK(rc == 1000 + SIGKILL, "first segment was not killed (status %d): too fast?", rc);
