@@ -173,9 +173,12 @@ td_status td_ckpt_open(const char *path, td_ckpt **out, td_err *err) {
     if (hdr < HEADER_BYTES) FAIL("header size %u too small", hdr);
     uint64_t meta_bytes = td_le64(p + 24), table_bytes = td_le64(p + 32);
     uint64_t data_offset = td_le64(p + 40), data_bytes = td_le64(p + 48);
-    if (data_offset > size || data_bytes > size || meta_bytes > size || table_bytes > size ||
+    // Sizes bounded first (no overflow below); a consistent header larger than the file means
+    // the file was cut short, which is named as such.
+    const uint64_t lim = 1ull << 56;
+    if (data_offset > lim || data_bytes > lim || meta_bytes > lim || table_bytes > lim ||
         hdr + meta_bytes + table_bytes > data_offset)
-        FAIL("header sizes out of range (file %" PRIu64 " bytes); truncated or corrupt", size);
+        FAIL("header sizes out of range (file %" PRIu64 " bytes); corrupt header", size);
     uint64_t expect = data_offset + data_bytes + TRAILER_BYTES;
     if (size < expect) FAIL("truncated: %" PRIu64 " bytes, header says %" PRIu64, size, expect);
     if (size > expect) FAIL("%" PRIu64 " trailing bytes after the end marker", size - expect);

@@ -2,11 +2,15 @@
 #include "train/train_run.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "base/afile.h"
+#include "base/file.h"
 #include "base/log.h"
 #include "model/model.h"
 #include "train/ckpt.h"
@@ -93,6 +97,88 @@ td_status td_train_ckpt_get(void *ctx, const char *hf_name, float *dst, int64_t 
                           nm, (long long)n);
     memcpy(dst, t->data, t->nbytes);
     return TD_OK;
+}
+
+static cJSON *string_array(const char *const *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && v && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateString(v[i]));
+    return a;
+}
+
+// The run's full resolved configuration (every option after defaults, the shards' vocabulary and
+// the thread count are resolved) as out_dir/train_config.json, written atomically at the start of
+// every run, so a checkpoint directory says how it was made. resumed_from: the step the run
+// continues from (-1: from scratch or model_dir).
+static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long resumed_from,
+                              td_err *err) {
+    if (!td_is_dir(p->out_dir) && mkdir(p->out_dir, 0755) != 0 && errno != EEXIST)
+        return td_err_set(err, TD_ERR_IO, "%s: cannot create directory: %s", p->out_dir,
+                          strerror(errno));
+    const td_tmodel_params mp = td_tmodel_get_params(tm);
+    const td_trainer_params *tp = &p->trainer;
+    char seed[20];
+    snprintf(seed, sizeof seed, "%016" PRIx64, p->seed);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "model", config_json(td_tmodel_config(tm)));
+    if (p->model_dir)
+        cJSON_AddStringToObject(o, "model_dir", p->model_dir);
+    else
+        cJSON_AddNullToObject(o, "model_dir");
+    cJSON_AddNumberToObject(o, "init_std", p->init_std);
+    cJSON_AddStringToObject(o, "seed", seed);
+    cJSON_AddNumberToObject(o, "batch", mp.batch);
+    cJSON_AddNumberToObject(o, "seq_len", mp.seq_len);
+    cJSON_AddNumberToObject(o, "grad_accum", tp->grad_accum);
+    cJSON_AddNumberToObject(o, "tokens_per_step", (double)mp.batch * mp.seq_len * tp->grad_accum);
+    cJSON_AddNumberToObject(o, "threads", td_pool_size(td_tmodel_pool(tm)));
+    cJSON_AddStringToObject(o, "precision", mp.precision == TD_TRAIN_BF16 ? "bf16" : "fp32");
+    cJSON_AddBoolToObject(o, "recompute", mp.recompute != 0);
+    cJSON_AddStringToObject(o, "gemm", mp.gemm == TD_TRAIN_GEMM_DNNL ? "dnnl" : "kernels");
+    cJSON_AddNumberToObject(o, "steps", (double)p->steps);
+    cJSON *lr = cJSON_AddObjectToObject(o, "lr_schedule");
+    cJSON_AddNumberToObject(lr, "max_lr", tp->lr.max_lr);
+    cJSON_AddNumberToObject(lr, "min_lr", tp->lr.min_lr);
+    cJSON_AddNumberToObject(lr, "warmup_steps", tp->lr.warmup_steps);
+    cJSON_AddNumberToObject(lr, "total_steps", tp->lr.total_steps);
+    cJSON_AddNumberToObject(o, "grad_clip", tp->grad_clip);
+    cJSON *ad = cJSON_AddObjectToObject(o, "adamw");
+    cJSON_AddNumberToObject(ad, "beta1", tp->adam.beta1);
+    cJSON_AddNumberToObject(ad, "beta2", tp->adam.beta2);
+    cJSON_AddNumberToObject(ad, "eps", tp->adam.eps);
+    cJSON_AddNumberToObject(ad, "weight_decay", tp->adam.weight_decay);
+    cJSON_AddItemToObject(o, "shards", string_array(p->shards, p->n_shards));
+    cJSON_AddItemToObject(o, "val_shards", string_array(p->val_shards, p->n_val_shards));
+    cJSON_AddNumberToObject(o, "eval_every", (double)p->eval_every);
+    cJSON_AddNumberToObject(o, "eval_batches", p->eval_batches);
+    cJSON_AddStringToObject(o, "out_dir", p->out_dir);
+    cJSON_AddNumberToObject(o, "ckpt_every", (double)p->ckpt_every);
+    cJSON_AddNumberToObject(o, "keep", p->keep);
+    cJSON_AddBoolToObject(o, "resume", p->resume != 0);
+    cJSON_AddNumberToObject(o, "resumed_from_step", (double)resumed_from);
+    if (p->metrics_path)
+        cJSON_AddStringToObject(o, "metrics", p->metrics_path);
+    else
+        cJSON_AddNullToObject(o, "metrics");
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text) return td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
+    char path[TD_AFILE_PATH_MAX];
+    td_status st = TD_OK;
+    if (!td_path_join(path, sizeof path, p->out_dir, "train_config.json")) {
+        st = td_err_set(err, TD_ERR_INVALID, "%s: path too long", p->out_dir);
+    } else {
+        td_afile f;
+        if (!(st = td_afile_open(&f, path, err))) {
+            st = td_afile_write(&f, text, strlen(text), err);
+            if (!st) st = td_afile_write(&f, "\n", 1, err);
+            if (st)
+                td_afile_abort(&f);
+            else
+                st = td_afile_commit(&f, err);
+        }
+    }
+    free(text);
+    return st;
 }
 
 // Writes params, AdamW state and metadata as dir/ckpt-<step + 1>.tdck (the number of steps done).
@@ -317,6 +403,8 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
     if ((st = td_trainer_create(tm, &p->trainer, &tr, err))) goto done;
     int resumed = 0;
     if (p->resume && (st = restore(p, tm, tr, ld, &resumed, err))) goto done;
+    if (p->out_dir && (st = write_config(p, tm, resumed ? td_trainer_step_count(tr) : -1, err)))
+        goto done;
     const size_t N = (size_t)B * T;
     win = malloc((size_t)B * (T + 1) * sizeof *win);
     tok = malloc(N * K * sizeof *tok);
@@ -379,7 +467,7 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         }
         if (metrics) {  // JSON lines for `tandem plot` (docs/eval.md)
             fprintf(metrics,
-                    "{\"step\":%ld,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,"
+                    "{\"step\":%ld,\"loss\":%.17g,\"lr\":%.9g,\"grad_norm\":%.17g,"
                     "\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f",
                     ss.step + 1, ss.loss, (double)ss.lr, ss.grad_norm,
                     dt > 0 ? (double)(N * K) / dt : 0.0, td_now() - t_start);

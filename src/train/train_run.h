@@ -51,7 +51,10 @@ typedef struct td_train_run_result {
 // Runs the loop. Progress: "step S/N | loss L | lr R | norm G | T tok/s", and "val S | loss L"
 // after evaluations (the same first eval_batches windows every time, in order, no shuffling; the
 // per-token loss of td_eval_token_nll, as `tandem eval`). metrics_path gets one JSON object per
-// step: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"[, "val_loss"]}.
+// step: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"[, "val_loss"]}; loss and
+// grad_norm with 17 significant digits (the double exactly, so runs compare bit for bit).
+// out_dir gets train_config.json at the start of every run: every resolved option (model config,
+// batch, schedule, AdamW, precision, threads, shards, checkpointing, resumed_from_step).
 // A checkpoint holds every parameter by HF name ("param.<name>", f32), the AdamW moments
 // ("adam.m", "adam.v", flat) and metadata {"step", "loader", "seed", "config": {HF config.json
 // keys}}; resuming restores them and the data position, so a run cut at a checkpoint and resumed
