@@ -3,7 +3,7 @@ measurements only (the weights are noise; the text they generate means nothing).
 
 Each file loads in both tandem and llama.cpp: it carries general.architecture, the {arch}.*
 hyper-parameters and a minimal "gpt2" byte-level vocabulary (256 byte symbols, a few merges,
-<|bos|>/<|eos|>, then unused padding tokens up to the model's vocabulary size).
+<|bos|>/<|eos|>, then printable padding tokens "[padN]" up to the model's vocabulary size).
 One random draw per tensor is encoded into every requested type, streamed to disk in row chunks, so
 memory stays near one chunk even for the 1B model's 128256 x 2048 embedding.
 
@@ -37,7 +37,7 @@ TYPES = {"f32": G.GGML_F32, "f16": G.GGML_F16, "bf16": G.GGML_BF16, "q8_0": G.GG
 FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}  # llama.cpp's LLAMA_FTYPE
 SCALE = 0.02     # std of every matrix entry
 CHUNK = 1 << 22  # elements per encoded chunk (16 MiB of f32)
-TT_NORMAL, TT_CONTROL, TT_UNUSED = 1, 3, 5
+TT_NORMAL, TT_CONTROL = 1, 3
 
 
 def byte_symbols():
@@ -68,8 +68,10 @@ def vocabulary(n_vocab):
     tokens += ["<|bos|>", "<|eos|>"]
     types = [TT_NORMAL] * bos + [TT_CONTROL, TT_CONTROL]
     pad = n_vocab - len(tokens)
-    tokens += [f"<|pad_{i}|>" for i in range(pad)]
-    types += [TT_UNUSED] * pad
+    # Printable, never produced by tokenization (no merge makes them), so that both programs can
+    # print whatever random token a random model generates.
+    tokens += [f"[pad{i}]" for i in range(pad)]
+    types += [TT_NORMAL] * pad
     return tokens, types, merges, bos, eos
 
 
