@@ -4,6 +4,7 @@
 
 #include "cli/cli.h"
 #include "cli/cmd_bench_serve.h"
+#include "cli/cmd_train_data.h"
 
 #define TANDEM_VERSION "0.1.0"
 
@@ -17,6 +18,8 @@ static void usage(FILE *f) {
             "  run MODEL        generate text from a prompt (MODEL: model directory or .gguf)\n"
             "  tokenize PATH    print the token ids of a text\n"
             "  detokenize PATH  print the text of token ids\n"
+            "  tokenizer train  learn a byte-level BPE tokenizer from text files\n"
+            "  data prepare     tokenize a corpus into training shards\n"
             "  bench serve      load-test an OpenAI-compatible server (docs/bench-serve.md)\n"
             "\n"
             "`tandem <command> --help` describes a command's options.\n",
@@ -32,6 +35,16 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return td_cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return td_cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return td_cmd_detokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenizer")) {
+        if (argc > 2 && !strcmp(argv[2], "train")) return td_cmd_tokenizer_train(argc - 2, argv + 2);
+        fprintf(stderr, "tandem tokenizer: expected a subcommand: train\n");
+        return 2;
+    }
+    if (!strcmp(cmd, "data")) {
+        if (argc > 2 && !strcmp(argv[2], "prepare")) return td_cmd_data_prepare(argc - 2, argv + 2);
+        fprintf(stderr, "tandem data: expected a subcommand: prepare\n");
+        return 2;
+    }
     if (!strcmp(cmd, "bench")) {
         if (argc > 2 && !strcmp(argv[2], "serve")) return td_cmd_bench_serve(argc - 2, argv + 2);
         fprintf(stderr, "tandem bench: expected a benchmark name: serve\n");

@@ -99,7 +99,7 @@ static td_status build(td_tokenizer *t, const td_gguf *g, td_err *err) {
             bool special = type != GGUF_TT_USER;
             if (special) t->flags[i] |= TOK_F_SPECIAL;
             if (gpt2) t->flags[i] |= TOK_F_ADDED;  // HF keeps added tokens out of the BPE vocab
-            if ((st = tok_add_added(t, s.ptr, s.len, (int32_t)i, special, false, false, false, err))) {
+            if ((st = tok_add_added(t, s.ptr, s.len, (int32_t)i, special, false, false, false, false, err))) {
                 free(buf);
                 return st;
             }

@@ -12,7 +12,8 @@
 
 enum { TOK_MODEL_BPE = 0, TOK_MODEL_SPM_SCORE = 1 };  // merges by rank (HF) / by score (llama.cpp)
 enum { TOK_NORM_NFC, TOK_NORM_NFD, TOK_NORM_NFKC, TOK_NORM_NFKD, TOK_NORM_PREPEND, TOK_NORM_REPLACE };
-enum { TOK_PRE_SPLIT, TOK_PRE_BYTELEVEL };
+enum { TOK_PRE_SPLIT, TOK_PRE_BYTELEVEL, TOK_PRE_METASPACE };
+enum { TOK_PREPEND_ALWAYS, TOK_PREPEND_FIRST, TOK_PREPEND_NEVER };
 enum { TOK_SPLIT_ISOLATED, TOK_SPLIT_REMOVED, TOK_SPLIT_MERGED_PREV, TOK_SPLIT_MERGED_NEXT,
        TOK_SPLIT_CONTIGUOUS };
 enum { TOK_DEC_NONE, TOK_DEC_BYTELEVEL, TOK_DEC_CHAIN };
@@ -32,13 +33,17 @@ typedef struct {
     int behavior;    // TOK_SPLIT_*
     bool invert;
     bool add_prefix_space;  // BYTELEVEL
+    char rep[8];            // METASPACE: replacement for ' ' (UTF-8, NUL-terminated)
+    int prepend;            // METASPACE: TOK_PREPEND_*
+    bool split;             // METASPACE: split before every replacement char
 } tok_pre;
 
 typedef struct {
-    char *s;  // content (owned, NUL-terminated)
+    char *s;  // content as written (owned, NUL-terminated)
     size_t n;  // bytes
     int32_t id;
     bool lstrip, rstrip, single_word, special;
+    bool normalized;  // matched in the normalized text (by its normalized form), not the raw input
 } tok_added;
 
 typedef struct {
@@ -84,7 +89,8 @@ struct td_tokenizer {
     int n_added;
     tok_trie *trie;
     int n_trie, cap_trie;
-    int32_t trie_root[256];  // first-level node per byte, -1 none
+    int32_t trie_root[2][256];  // first-level node per byte, -1 none: [0] raw text, [1] normalized
+    int n_norm_added;           // added tokens matched after normalization
 
     tok_norm norm[TOK_MAX_STEPS];
     int n_norm;
@@ -111,7 +117,8 @@ td_tokenizer *tok_alloc(void);
 td_status tok_set_n_vocab(td_tokenizer *t, int32_t n, td_err *err);
 // Sets the model-space bytes of id (copied into blob). Fails with NOMEM only.
 td_status tok_set_piece(td_tokenizer *t, int32_t id, const char *s, size_t n, td_err *err);
-// Builds the vocab hash over ids flagged PRESENT and not ADDED-only (include_added=false) or all.
+// Builds the vocab hash over the ids flagged PRESENT but not ADDED (added-only tokens are matched
+// by the trie, never produced by BPE).
 td_status tok_build_vocab_hash(td_tokenizer *t, td_err *err);
 int32_t tok_vocab_get(const td_tokenizer *t, const char *s, size_t n);
 td_status tok_merges_reserve(td_tokenizer *t, size_t n, td_err *err);
@@ -120,14 +127,17 @@ td_status tok_merges_reserve(td_tokenizer *t, size_t n, td_err *err);
 void tok_merge_add(td_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t new_id, bool overwrite);
 // Derives run-time shortcuts once loading is complete (see spm_split).
 void tok_finalize(td_tokenizer *t);
+// Registers an added token for matching. With normalized=true it is matched, in its normalized
+// form, against the normalized text (so the normalizer must be set up before).
 td_status tok_add_added(td_tokenizer *t, const char *s, size_t n, int32_t id, bool special,
-                        bool lstrip, bool rstrip, bool single_word, td_err *err);
+                        bool lstrip, bool rstrip, bool single_word, bool normalized, td_err *err);
 void tok_fill_byte_tokens(td_tokenizer *t);
 // GPT-2 byte-level alphabet: code point of byte b, and inverse (-1 for unmapped code points).
 uint32_t tok_byte_to_cp(uint8_t b);
 int tok_cp_to_byte(uint32_t cp);
-// Converts a byte-level spelling (UTF-8 of mapped code points) to raw bytes; unmapped code
-// points are dropped (as HF's ByteLevel decoder does). out must hold n bytes. Returns length.
+// Converts a byte-level spelling (UTF-8 of mapped code points) to raw bytes. A string with any
+// code point outside the byte alphabet is copied verbatim, as HF's ByteLevel decoder does (so
+// added tokens such as "<think>" or " world" decode to themselves). out must hold n bytes.
 size_t tok_bytelevel_to_raw(const char *s, size_t n, char *out);
 // Compiles a HF (Oniguruma) pattern with PCRE2 UTF|UCP and JIT; literal=true escapes it.
 td_status tok_compile_regex(const char *pat, size_t n, bool literal, pcre2_code **out, td_err *err);

@@ -124,6 +124,18 @@ static td_status parse_pre(td_tokenizer *t, const cJSON *n, td_err *err) {
             td_status st = tok_compile_regex(tok_gpt2_pattern, strlen(tok_gpt2_pattern), false, &p->re, err);
             if (st) return st;
         }
+    } else if (!strcmp(type, "Metaspace")) {
+        const char *r = jstr(n, "replacement"), *scheme = jstr(n, "prepend_scheme");
+        if (!r) r = "\xe2\x96\x81";
+        if (!*r || strlen(r) >= sizeof p->rep) return td_err_set(err, TD_ERR_FORMAT, "Metaspace replacement");
+        p->kind = TOK_PRE_METASPACE;
+        memcpy(p->rep, r, strlen(r) + 1);
+        p->split = jbool(n, "split", true);
+        if (!scheme) p->prepend = jbool(n, "add_prefix_space", true) ? TOK_PREPEND_ALWAYS : TOK_PREPEND_NEVER;
+        else if (!strcmp(scheme, "always")) p->prepend = TOK_PREPEND_ALWAYS;
+        else if (!strcmp(scheme, "first")) p->prepend = TOK_PREPEND_FIRST;
+        else if (!strcmp(scheme, "never")) p->prepend = TOK_PREPEND_NEVER;
+        else return td_err_set(err, TD_ERR_UNSUPPORTED, "Metaspace prepend_scheme \"%s\"", scheme);
     } else {
         return td_err_set(err, TD_ERR_UNSUPPORTED, "pre_tokenizer type \"%s\"", type);
     }
@@ -438,7 +450,7 @@ static td_status build(td_tokenizer *t, const cJSON *root, const cJSON *cfg, td_
         }
         if (special) t->flags[id] |= TOK_F_SPECIAL;
         if ((st = tok_add_added(t, c, strlen(c), id, special, jbool(v, "lstrip", false), jbool(v, "rstrip", false),
-                                jbool(v, "single_word", false), err)))
+                                jbool(v, "single_word", false), jbool(v, "normalized", !special), err)))
             return st;
     }
     if ((st = tok_build_vocab_hash(t, err))) return st;

@@ -158,7 +158,11 @@ size_t tok_bytelevel_to_raw(const char *s, size_t n, char *out) {
         bool inc;
         i += tok_utf8_next((const uint8_t *)s + i, n - i, &cp, &inc);
         int b = cp >= 0 ? tok_cp_to_byte((uint32_t)cp) : -1;
-        if (b >= 0) out[o++] = (char)b;
+        if (b < 0) {  // not a byte-level spelling: HF's ByteLevel decoder keeps such tokens verbatim
+            memcpy(out, s, n);
+            return n;
+        }
+        out[o++] = (char)b;
     }
     return o;
 }
@@ -170,7 +174,7 @@ td_tokenizer *tok_alloc(void) {
     td_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->unk_id = t->bos_id = t->eos_id = -1;
-    for (int i = 0; i < 256; i++) t->byte_tok[i] = t->trie_root[i] = -1;
+    for (int i = 0; i < 256; i++) t->byte_tok[i] = t->trie_root[0][i] = t->trie_root[1][i] = -1;
     return t;
 }
 
@@ -284,48 +288,6 @@ static inline bool merge_get(const td_tokenizer *t, int32_t a, int32_t b, uint32
         }
         if (!m->key) return false;
     }
-}
-
-td_status tok_add_added(td_tokenizer *t, const char *s, size_t n, int32_t id, bool special, bool lstrip,
-                        bool rstrip, bool single_word, td_err *err) {
-    if (n == 0) return TD_OK;  // HF never matches an empty added token
-    for (int i = 0; i < t->n_added; i++)
-        if (t->added[i].n == n && !memcmp(t->added[i].s, s, n)) return TD_OK;  // duplicate content
-    tok_added *a = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *a);
-    if (!a) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
-    t->added = a;
-    tok_added *x = &a[t->n_added];
-    x->s = tok_strndup(s, n);
-    if (!x->s) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
-    x->n = n, x->id = id, x->special = special, x->lstrip = lstrip, x->rstrip = rstrip;
-    x->single_word = single_word;
-    int idx = t->n_added++;
-    // Insert into the byte trie (indices, not pointers: the node array may move).
-    int32_t parent = -1;  // -1: the first level, trie_root[]
-    for (size_t i = 0;; i++) {
-        int32_t node = parent < 0 ? t->trie_root[(uint8_t)s[0]] : t->trie[parent].child;
-        int32_t prev_sib = -1;
-        while (node >= 0 && t->trie[node].c != (uint8_t)s[i]) prev_sib = node, node = t->trie[node].sibling;
-        if (node < 0) {
-            if (t->n_trie == t->cap_trie) {
-                int cap = t->cap_trie ? t->cap_trie * 2 : 256;
-                tok_trie *tr = realloc(t->trie, (size_t)cap * sizeof *tr);
-                if (!tr) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
-                t->trie = tr, t->cap_trie = cap;
-            }
-            node = t->n_trie++;
-            t->trie[node] = (tok_trie){.child = -1, .sibling = -1, .added = -1, .c = (uint8_t)s[i]};
-            if (prev_sib >= 0) t->trie[prev_sib].sibling = node;
-            else if (parent < 0) t->trie_root[(uint8_t)s[0]] = node;
-            else t->trie[parent].child = node;
-        }
-        if (i + 1 == n) {
-            if (t->trie[node].added < 0) t->trie[node].added = idx;
-            break;
-        }
-        parent = node;
-    }
-    return TD_OK;
 }
 
 void tok_fill_byte_tokens(td_tokenizer *t) {
@@ -493,11 +455,15 @@ typedef struct {
     tok_buf norm, tmp, clean;
     span *sp, *sp2;
     size_t nsp, nsp2, capsp, capsp2;
+    span *rs;  // split_regex: gap/match ranges of one span
+    bool *rm;  // ... and whether each is a match
+    size_t nr, cr;
     sym *syms;
     size_t capsyms;
     heap_ent *heap;
     size_t nheap, capheap;
     pcre2_match_data *md;
+    bool at_input_start;  // w->norm[0] is at offset 0 of the input (Metaspace prepend "first")
     td_tokens *out;
     bool oom;
 } work;
@@ -745,19 +711,16 @@ static bool sp_push(span **sp, size_t *n, size_t *cap, uint32_t off, uint32_t le
     return true;
 }
 
-// Splits one span of w->norm by regex, appending the pieces to sp2 per HF's split behaviours.
+// Splits one span of w->norm by regex, appending the pieces to sp2 per HF's split behaviours:
+// the span becomes alternating gap/match ranges (is_match flipped by invert), which Isolated
+// keeps as they are and the other behaviours drop or merge.
 static void split_regex(work *w, const tok_pre *p, span in) {
     const char *subj = w->norm.p + in.off;
     size_t n = in.len;
-    // Ranges alternate gap/match; build them on the fly and apply the behaviour.
+    bool direct = p->behavior == TOK_SPLIT_ISOLATED;  // ranges go straight to sp2
     uint32_t prev_end = 0;
     size_t start = 0;
-    bool last_match = false;  // the previous range's is_match (after invert)
-    bool have_prev = false;
-    // For MERGED_NEXT we collect ranges first (needs a reverse pass): reuse a small local array.
-    span *rs = NULL;
-    bool *rm = NULL;
-    size_t nr = 0, cr = 0;
+    w->nr = 0;
     for (;;) {
         int rc = start <= n ? pcre2_match(p->re, (PCRE2_SPTR)subj, n, start, PCRE2_NO_UTF_CHECK, w->md, NULL) : -1;
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
@@ -768,28 +731,26 @@ static void split_regex(work *w, const tok_pre *p, span in) {
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(w->md);
             ms = ov[0], me = ov[1];
         }
-        // Emit the gap [prev_end, ms) then the match [ms, me).
+        // The gap [prev_end, ms), then the match [ms, me).
         for (int part = 0; part < 2; part++) {
             uint32_t a = part == 0 ? prev_end : (uint32_t)ms, b = part == 0 ? (uint32_t)ms : (uint32_t)me;
-            if (part == 0 && a == b) continue;
-            if (part == 1 && !found) continue;
-            bool is_match = (part == 1) != p->invert;
-            if (cr == nr) {
-                size_t c = cr ? cr * 2 : 32;
-                span *x = realloc(rs, c * sizeof *x);
-                if (x) rs = x;
-                bool *y = realloc(rm, c * sizeof *y);
-                if (y) rm = y;
-                if (!x || !y) {
-                    w->oom = true;
-                    free(rs), free(rm);
-                    return;
-                }
-                cr = c;
+            if ((part == 0 && a == b) || (part == 1 && !found)) continue;
+            if (direct) {
+                sp_push(&w->sp2, &w->nsp2, &w->capsp2, in.off + a, b - a, &w->oom);
+                continue;
             }
-            rs[nr] = (span){a, b - a}, rm[nr] = is_match, nr++;
+            if (w->nr == w->cr) {
+                size_t c = w->cr ? w->cr * 2 : 64;
+                span *x = realloc(w->rs, c * sizeof *x);
+                if (x) w->rs = x;
+                bool *y = realloc(w->rm, c * sizeof *y);
+                if (y) w->rm = y;
+                if (!x || !y) return (void)(w->oom = true);
+                w->cr = c;
+            }
+            w->rs[w->nr] = (span){a, b - a}, w->rm[w->nr] = (part == 1) != p->invert, w->nr++;
         }
-        if (!found) break;
+        if (!found || w->oom) break;
         prev_end = (uint32_t)me;
         if (me == ms) {  // empty match: step over one character
             if (me >= n) break;
@@ -800,53 +761,52 @@ static void split_regex(work *w, const tok_pre *p, span in) {
             start = me;
         }
     }
-    (void)last_match, (void)have_prev;
-    // Apply the behaviour over (range, is_match), building (off, len) spans in sp2.
-    span *o = NULL;
-    size_t no = 0, co = 0;
-    bool oom = false;
+    if (direct) return;
+    const span *rs = w->rs;
+    const bool *rm = w->rm;
+    size_t nr = w->nr, first = w->nsp2;
+    span *o;
     bool prevm = false;
+#define LAST (w->sp2[w->nsp2 - 1])
+#define PUSH(r) sp_push(&w->sp2, &w->nsp2, &w->capsp2, in.off + (r).off, (r).len, &w->oom)
     switch (p->behavior) {
-    case TOK_SPLIT_ISOLATED:
-        for (size_t i = 0; i < nr; i++) sp_push(&o, &no, &co, rs[i].off, rs[i].len, &oom);
-        break;
     case TOK_SPLIT_REMOVED:
         for (size_t i = 0; i < nr; i++)
-            if (!rm[i]) sp_push(&o, &no, &co, rs[i].off, rs[i].len, &oom);
+            if (!rm[i]) PUSH(rs[i]);
         break;
     case TOK_SPLIT_MERGED_PREV:
         for (size_t i = 0; i < nr; i++) {
-            if (rm[i] && !prevm && no) o[no - 1].len = rs[i].off + rs[i].len - o[no - 1].off;
-            else sp_push(&o, &no, &co, rs[i].off, rs[i].len, &oom);
+            if (rm[i] && !prevm && w->nsp2 > first) LAST.len = in.off + rs[i].off + rs[i].len - LAST.off;
+            else PUSH(rs[i]);
             prevm = rm[i];
         }
         break;
     case TOK_SPLIT_CONTIGUOUS:
         for (size_t i = 0; i < nr; i++) {
-            if (rm[i] == prevm && no) o[no - 1].len = rs[i].off + rs[i].len - o[no - 1].off;
-            else sp_push(&o, &no, &co, rs[i].off, rs[i].len, &oom);
+            if (rm[i] == prevm && w->nsp2 > first) LAST.len = in.off + rs[i].off + rs[i].len - LAST.off;
+            else PUSH(rs[i]);
             prevm = rm[i];
         }
         break;
-    case TOK_SPLIT_MERGED_NEXT:
+    case TOK_SPLIT_MERGED_NEXT:  // built right to left, then reversed in place
         for (size_t i = nr; i-- > 0;) {
-            if (rm[i] && !prevm && no) {
-                uint32_t end = o[no - 1].off + o[no - 1].len;
-                o[no - 1].off = rs[i].off, o[no - 1].len = end - rs[i].off;
+            if (rm[i] && !prevm && w->nsp2 > first) {
+                uint32_t end = LAST.off + LAST.len;
+                LAST.off = in.off + rs[i].off, LAST.len = end - LAST.off;
             } else {
-                sp_push(&o, &no, &co, rs[i].off, rs[i].len, &oom);
+                PUSH(rs[i]);
             }
             prevm = rm[i];
         }
-        for (size_t i = 0; i < no / 2; i++) {
+        o = w->sp2 + first;
+        for (size_t i = 0, k = w->nsp2 - first; i < k / 2; i++) {
             span x = o[i];
-            o[i] = o[no - 1 - i], o[no - 1 - i] = x;
+            o[i] = o[k - 1 - i], o[k - 1 - i] = x;
         }
         break;
     }
-    for (size_t i = 0; i < no && !oom; i++) sp_push(&w->sp2, &w->nsp2, &w->capsp2, in.off + o[i].off, o[i].len, &oom);
-    if (oom) w->oom = true;
-    free(o), free(rs), free(rm);
+#undef LAST
+#undef PUSH
 }
 
 static bool normalize(const td_tokenizer *t, work *w, const char *s, size_t n) {
@@ -909,43 +869,65 @@ static bool normalize(const td_tokenizer *t, work *w, const char *s, size_t n) {
     return true;
 }
 
-// One segment of text between added tokens: normalize, pre-tokenize, BPE each piece.
-static void encode_segment(const td_tokenizer *t, work *w, const char *s, size_t n) {
-    if (!normalize(t, w, s, n)) {
-        w->oom = true;
-        return;
-    }
-    w->nsp = 0;
-    sp_push(&w->sp, &w->nsp, &w->capsp, 0, (uint32_t)w->norm.n, &w->oom);
-    for (int i = 0; i < t->n_pre && !w->oom; i++) {
-        const tok_pre *p = &t->pre[i];
-        if (p->kind == TOK_PRE_BYTELEVEL && p->add_prefix_space) {
-            // Prefix every current piece that does not start with a space (rebuilds the text).
-            w->tmp.n = 0;
-            for (size_t k = 0; k < w->nsp; k++) {
-                span x = w->sp[k];
-                uint32_t at = (uint32_t)w->tmp.n;
-                if (w->norm.p[x.off] != ' ' && !buf_put(&w->tmp, " ", 1)) return (void)(w->oom = true);
-                if (!buf_put(&w->tmp, w->norm.p + x.off, x.len)) return (void)(w->oom = true);
-                w->sp[k] = (span){at, (uint32_t)w->tmp.n - at};
-            }
-            tok_buf x = w->norm;
-            w->norm = w->tmp, w->tmp = x;
+static td_status trie_insert(td_tokenizer *t, int which, const char *s, size_t n, int idx, td_err *err);
+
+td_status tok_add_added(td_tokenizer *t, const char *s, size_t n, int32_t id, bool special, bool lstrip,
+                        bool rstrip, bool single_word, bool normalized, td_err *err) {
+    if (n == 0) return TD_OK;  // HF never matches an empty added token
+    for (int i = 0; i < t->n_added; i++)
+        if (t->added[i].n == n && !memcmp(t->added[i].s, s, n)) return TD_OK;  // duplicate content
+    tok_added *a = realloc(t->added, (size_t)(t->n_added + 1) * sizeof *a);
+    if (!a) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
+    t->added = a;
+    tok_added *x = &a[t->n_added];
+    x->s = tok_strndup(s, n);
+    if (!x->s) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
+    x->n = n, x->id = id, x->special = special, x->lstrip = lstrip, x->rstrip = rstrip;
+    x->single_word = single_word, x->normalized = normalized && t->n_norm > 0;
+    int idx = t->n_added++;
+    // The pattern: the content itself, or its normalized form (HF normalizes the pattern too).
+    work w = {0};
+    int which = 0;
+    if (x->normalized) {
+        if (!normalize(t, &w, s, n)) {
+            free(w.norm.p), free(w.tmp.p);
+            return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
         }
-        if (!p->re) continue;
-        w->md = pcre2_match_data_create_from_pattern(p->re, NULL);
-        if (!w->md) return (void)(w->oom = true);
-        w->nsp2 = 0;
-        for (size_t k = 0; k < w->nsp && !w->oom; k++) split_regex(w, p, w->sp[k]);
-        pcre2_match_data_free(w->md);
-        w->md = NULL;
-        span *x = w->sp;
-        w->sp = w->sp2, w->sp2 = x;
-        size_t c = w->capsp;
-        w->capsp = w->capsp2, w->capsp2 = c;
-        w->nsp = w->nsp2;
+        s = w.norm.p, n = w.norm.n, which = 1;
+        t->n_norm_added++;
     }
-    for (size_t k = 0; k < w->nsp && !w->oom; k++) bpe_piece(t, w, w->norm.p + w->sp[k].off, w->sp[k].len);
+    td_status st = n ? trie_insert(t, which, s, n, idx, err) : TD_OK;
+    free(w.norm.p), free(w.tmp.p);
+    return st;
+}
+
+static td_status trie_insert(td_tokenizer *t, int which, const char *s, size_t n, int idx, td_err *err) {
+    // Insert into the byte trie (indices, not pointers: the node array may move).
+    int32_t parent = -1;  // -1: the first level, trie_root[]
+    for (size_t i = 0;; i++) {
+        int32_t node = parent < 0 ? t->trie_root[which][(uint8_t)s[0]] : t->trie[parent].child;
+        int32_t prev_sib = -1;
+        while (node >= 0 && t->trie[node].c != (uint8_t)s[i]) prev_sib = node, node = t->trie[node].sibling;
+        if (node < 0) {
+            if (t->n_trie == t->cap_trie) {
+                int cap = t->cap_trie ? t->cap_trie * 2 : 256;
+                tok_trie *tr = realloc(t->trie, (size_t)cap * sizeof *tr);
+                if (!tr) return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
+                t->trie = tr, t->cap_trie = cap;
+            }
+            node = t->n_trie++;
+            t->trie[node] = (tok_trie){.child = -1, .sibling = -1, .added = -1, .c = (uint8_t)s[i]};
+            if (prev_sib >= 0) t->trie[prev_sib].sibling = node;
+            else if (parent < 0) t->trie_root[which][(uint8_t)s[0]] = node;
+            else t->trie[parent].child = node;
+        }
+        if (i + 1 == n) {
+            if (t->trie[node].added < 0) t->trie[node].added = idx;
+            break;
+        }
+        parent = node;
+    }
+    return TD_OK;
 }
 
 static bool is_ws_cp(int32_t c) {
@@ -955,11 +937,12 @@ static bool is_ws_cp(int32_t c) {
     return k == UTF8PROC_CATEGORY_ZS || k == UTF8PROC_CATEGORY_ZL || k == UTF8PROC_CATEGORY_ZP;
 }
 
-static bool is_alnum_cp(int32_t c) {
-    if (c < 0x80) return (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z');
+// Unicode \w as Rust's regex has it: letters, marks, digits, connector punctuation, ZWNJ/ZWJ.
+static bool is_word_cp(int32_t c) {
+    if (c < 0x80) return (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z') || c == '_';
+    if (c == 0x200C || c == 0x200D) return true;
     utf8proc_category_t k = utf8proc_category(c);
-    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
-           (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
+    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_NO) || k == UTF8PROC_CATEGORY_PC;
 }
 
 // Code point ending just before s[i] (i > 0), and its start.
@@ -973,24 +956,15 @@ static int32_t cp_before(const char *s, size_t i, size_t *start) {
     return cp;
 }
 
-td_status td_tokenizer_encode(const td_tokenizer *t, const char *text, size_t len, bool add_special,
-                              td_tokens *out, td_err *err) {
-    if (!t || !out || (!text && len)) return td_err_set(err, TD_ERR_INVALID, "tokenize: null argument");
-    work w = {0};
-    w.out = out;
-    out->n = 0;
-    if (len && !utf8_valid(text, len)) {
-        bool ok;
-        buf_put_lossy(&w.clean, text, len, false, &ok);
-        if (!ok) return td_err_set(err, TD_ERR_NOMEM, "tokenize: out of memory");
-        text = w.clean.p, len = w.clean.n;
-    }
-    if (add_special)
-        for (int i = 0; i < t->n_prefix; i++) push_id(&w, t->post_prefix[i]);
-    // Split out added tokens: leftmost-longest, non-overlapping (HF's aho-corasick).
-    size_t seg = 0, i = 0;
-    while (i < len && !w.oom) {
-        int32_t node = t->n_added ? t->trie_root[(uint8_t)text[i]] : -1;
+// Next added-token match in text[*pos, len) with the trie `which`, as HF's AddedVocabulary
+// find_matches does: leftmost-longest non-overlapping matches; a single_word match touching a
+// word character is dropped (and its bytes are not searched again); lstrip/rstrip widen the
+// match over whitespace, lstrip not past `floor` (the end of the previous match).
+static bool next_added(const td_tokenizer *t, int which, const char *text, size_t len, size_t floor, size_t *pos,
+                       size_t *ms_out, size_t *me_out, int32_t *id) {
+    size_t i = *pos;
+    while (i < len) {
+        int32_t node = t->trie_root[which][(uint8_t)text[i]];
         int best = -1;
         size_t best_end = 0;
         for (size_t j = i; node >= 0;) {
@@ -1008,36 +982,172 @@ td_status td_tokenizer_encode(const td_tokenizer *t, const char *text, size_t le
         size_t ms = i, me = best_end;
         if (a->single_word) {
             size_t st;
-            int32_t cp;
+            int32_t cp = -1;
             bool inc;
-            bool left_ok = ms == 0 || !is_alnum_cp(cp_before(text, ms, &st));
-            bool right_ok = me == len || (tok_utf8_next((const uint8_t *)text + me, len - me, &cp, &inc), !is_alnum_cp(cp));
+            bool left_ok = ms == 0 || !is_word_cp(cp_before(text, ms, &st));
+            if (me < len) tok_utf8_next((const uint8_t *)text + me, len - me, &cp, &inc);
+            bool right_ok = me == len || !is_word_cp(cp);
             if (!left_ok || !right_ok) {
-                i++;
+                i = me;
                 continue;
             }
         }
         if (a->lstrip) {
             size_t st;
-            while (ms > seg && is_ws_cp(cp_before(text, ms, &st))) ms = st;
+            while (ms > floor && is_ws_cp(cp_before(text, ms, &st))) ms = st;
         }
         if (a->rstrip) {
             while (me < len) {
                 int32_t cp;
                 bool inc;
                 size_t k = tok_utf8_next((const uint8_t *)text + me, len - me, &cp, &inc);
-                if (!is_ws_cp(cp)) break;
+                if (cp < 0 || !is_ws_cp(cp)) break;
                 me += k;
             }
         }
-        if (ms > seg) encode_segment(t, &w, text + seg, ms - seg);
-        push_id(&w, a->id);
-        seg = i = me;
+        *ms_out = ms, *me_out = me, *id = a->id;
+        *pos = me;
+        return true;
     }
-    if (len > seg && !w.oom) encode_segment(t, &w, text + seg, len - seg);
+    *pos = len;
+    return false;
+}
+
+// HF's Metaspace pre-tokenizer on every current piece: ' ' -> replacement, the replacement
+// prepended (always, or only to the piece at the very start of the input) unless the piece
+// already starts with it, then (split) a new piece at every replacement. Rebuilds the text.
+static void metaspace(const tok_pre *p, work *w) {
+    size_t rl = strlen(p->rep);
+    w->tmp.n = 0;
+    w->nsp2 = 0;
+    for (size_t k = 0; k < w->nsp && !w->oom; k++) {
+        span x = w->sp[k];
+        const char *s = w->norm.p + x.off;
+        size_t at = w->tmp.n;
+        bool starts = (x.len >= rl && !memcmp(s, p->rep, rl)) || (x.len && s[0] == ' ');
+        bool first = w->at_input_start && x.off == 0;
+        if (!starts && (p->prepend == TOK_PREPEND_ALWAYS || (p->prepend == TOK_PREPEND_FIRST && first)))
+            if (!buf_put(&w->tmp, p->rep, rl)) return (void)(w->oom = true);
+        for (size_t i = 0; i < x.len; i++) {
+            bool ok = s[i] == ' ' ? buf_put(&w->tmp, p->rep, rl) : buf_put(&w->tmp, s + i, 1);
+            if (!ok) return (void)(w->oom = true);
+        }
+        // Pieces: cut before every replacement (MergedWithNext on the replacement).
+        size_t piece = at;
+        for (size_t i = at; p->split && i + rl <= w->tmp.n; i++)
+            if (i > piece && !memcmp(w->tmp.p + i, p->rep, rl)) {
+                sp_push(&w->sp2, &w->nsp2, &w->capsp2, (uint32_t)piece, (uint32_t)(i - piece), &w->oom);
+                piece = i;
+            }
+        sp_push(&w->sp2, &w->nsp2, &w->capsp2, (uint32_t)piece, (uint32_t)(w->tmp.n - piece), &w->oom);
+    }
+    tok_buf b = w->norm;
+    w->norm = w->tmp, w->tmp = b;
+    span *y = w->sp;
+    w->sp = w->sp2, w->sp2 = y;
+    size_t c = w->capsp;
+    w->capsp = w->capsp2, w->capsp2 = c;
+    w->nsp = w->nsp2;
+}
+
+// Pre-tokenizes w->norm[0, n) and runs BPE on each piece.
+static void pretokenize_bpe(const td_tokenizer *t, work *w) {
+    w->nsp = 0;
+    sp_push(&w->sp, &w->nsp, &w->capsp, 0, (uint32_t)w->norm.n, &w->oom);
+    for (int i = 0; i < t->n_pre && !w->oom; i++) {
+        const tok_pre *p = &t->pre[i];
+        if (p->kind == TOK_PRE_BYTELEVEL && p->add_prefix_space) {
+            // Prefix every current piece that does not start with a space (rebuilds the text).
+            w->tmp.n = 0;
+            for (size_t k = 0; k < w->nsp; k++) {
+                span x = w->sp[k];
+                uint32_t at = (uint32_t)w->tmp.n;
+                if (w->norm.p[x.off] != ' ' && !buf_put(&w->tmp, " ", 1)) return (void)(w->oom = true);
+                if (!buf_put(&w->tmp, w->norm.p + x.off, x.len)) return (void)(w->oom = true);
+                w->sp[k] = (span){at, (uint32_t)w->tmp.n - at};
+            }
+            tok_buf x = w->norm;
+            w->norm = w->tmp, w->tmp = x;
+        }
+        if (p->kind == TOK_PRE_METASPACE) {
+            metaspace(p, w);
+            continue;
+        }
+        if (!p->re) continue;
+        w->md = pcre2_match_data_create_from_pattern(p->re, NULL);
+        if (!w->md) return (void)(w->oom = true);
+        w->nsp2 = 0;
+        for (size_t k = 0; k < w->nsp && !w->oom; k++) split_regex(w, p, w->sp[k]);
+        pcre2_match_data_free(w->md);
+        w->md = NULL;
+        span *x = w->sp;
+        w->sp = w->sp2, w->sp2 = x;
+        size_t c = w->capsp;
+        w->capsp = w->capsp2, w->capsp2 = c;
+        w->nsp = w->nsp2;
+    }
+    for (size_t k = 0; k < w->nsp && !w->oom; k++) bpe_piece(t, w, w->norm.p + w->sp[k].off, w->sp[k].len);
+}
+
+// One segment of raw text between added tokens: normalize, split out normalized added tokens,
+// then pre-tokenize and BPE what is left.
+static void encode_segment(const td_tokenizer *t, work *w, const char *s, size_t n) {
+    if (!normalize(t, w, s, n)) {
+        w->oom = true;
+        return;
+    }
+    if (!t->n_norm_added) return pretokenize_bpe(t, w);
+    tok_buf seg = w->norm;  // keep the normalized segment; pieces are copied into w->norm
+    w->norm = (tok_buf){0};
+    size_t pos = 0, done = 0, ms, me;
+    int32_t id;
+    while (!w->oom) {
+        bool found = next_added(t, 1, seg.p, seg.n, done, &pos, &ms, &me, &id);
+        size_t gap_end = found ? ms : seg.n;
+        if (gap_end > done) {
+            w->at_input_start = w->at_input_start && done == 0;
+            w->norm.n = 0;
+            if (!buf_put(&w->norm, seg.p + done, gap_end - done)) w->oom = true;
+            else pretokenize_bpe(t, w);
+        }
+        if (!found) break;
+        push_id(w, id);
+        done = me;
+    }
+    free(w->norm.p);
+    w->norm = seg;
+}
+
+td_status td_tokenizer_encode(const td_tokenizer *t, const char *text, size_t len, bool add_special,
+                              td_tokens *out, td_err *err) {
+    if (!t || !out || (!text && len)) return td_err_set(err, TD_ERR_INVALID, "tokenize: null argument");
+    work w = {0};
+    w.out = out;
+    out->n = 0;
+    if (len && !utf8_valid(text, len)) {
+        bool ok;
+        buf_put_lossy(&w.clean, text, len, false, &ok);
+        if (!ok) return td_err_set(err, TD_ERR_NOMEM, "tokenize: out of memory");
+        text = w.clean.p, len = w.clean.n;
+    }
+    if (add_special)
+        for (int i = 0; i < t->n_prefix; i++) push_id(&w, t->post_prefix[i]);
+    // Raw-text added tokens first; each gap is normalized and searched for normalized ones.
+    size_t pos = 0, done = 0, ms, me;
+    int32_t id;
+    while (!w.oom) {
+        bool found = next_added(t, 0, text, len, done, &pos, &ms, &me, &id);
+        size_t gap_end = found ? ms : len;
+        w.at_input_start = done == 0;
+        if (gap_end > done) encode_segment(t, &w, text + done, gap_end - done);
+        if (!found) break;
+        push_id(&w, id);
+        done = me;
+    }
     if (add_special)
         for (int k = 0; k < t->n_suffix; k++) push_id(&w, t->post_suffix[k]);
     free(w.norm.p), free(w.tmp.p), free(w.clean.p), free(w.sp), free(w.sp2), free(w.syms), free(w.heap);
+    free(w.rs), free(w.rm);
     if (w.oom) return td_err_set(err, TD_ERR_NOMEM, "tokenize: out of memory");
     return TD_OK;
 }

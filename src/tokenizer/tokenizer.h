@@ -3,6 +3,17 @@
 // encode/decode matching HF `tokenizers` and an incremental detokenizer for streaming.
 // Not here: chat templates (chat_template.h renders them), BPE training, WordPiece/Unigram models.
 //
+// Supported tokenizer.json parts: model BPE (merges as "a b" or [a, b]; byte_fallback, unk_token,
+// fuse_unk, ignore_merges); normalizers NFC/NFD/NFKC/NFKD, Prepend, Replace (string), Sequence;
+// pre-tokenizers Split (regex or string; Isolated/Removed/MergedWithPrevious/MergedWithNext/
+// Contiguous; invert), ByteLevel (add_prefix_space, use_regex), Metaspace, Sequence; post-
+// processors TemplateProcessing (single), ByteLevel, Roberta/Bert, Sequence; decoders ByteLevel,
+// or Replace/ByteFallback/Fuse/Strip(start)/Metaspace chains; added tokens with lstrip, rstrip,
+// single_word, normalized, special. Anything else fails to load with TD_ERR_UNSUPPORTED naming it
+// (WordPiece/Unigram, regex Replace, BPE dropout, subword prefixes, Strip stop > 0, ...).
+// Regexes are Oniguruma patterns run by PCRE2 (UTF|UCP, JIT); \s/\S are widened to Oniguruma's
+// White_Space (adds U+0085).
+//
 // Thread safety: a loaded td_tokenizer is immutable; encode/decode on a const tokenizer may run
 // from many threads at once (all scratch state is per call). No globals, no caches.
 #ifndef TD_TOKENIZER_TOKENIZER_H
@@ -37,9 +48,14 @@ td_status td_tokenizer_from_json(const char *json, size_t len, const char *confi
                                  size_t config_len, const char *what, td_tokenizer **out,
                                  td_err *err);
 
-// Builds from GGUF metadata: tokenizer.ggml.model "gpt2" (byte-level BPE: tokens, merges, pre)
-// or "llama" (SentencePiece: tokens, scores, token_type; merges by score as llama.cpp does).
-// Copies everything it needs; g may be closed afterwards.
+// Builds from GGUF metadata: tokenizer.ggml.model "gpt2" (byte-level BPE: tokens, merges, and
+// tokenizer.ggml.pre = default/gpt-2, llama-bpe/llama3 (with ignore_merges) or qwen2 (with NFC, as
+// HF's Qwen files ask); any other pre is TD_ERR_UNSUPPORTED naming it) or "llama" (SentencePiece:
+// tokens, scores, token_type; merges by score as llama.cpp does, <0xXX> byte fallback, "▁" prefix
+// unless add_space_prefix is false). Tokens of type control/user-defined/unknown are matched in
+// the input like HF added tokens (control and unknown are special). With add_special, BOS is
+// added when tokenizer.ggml.add_bos_token (default: true for llama, false for gpt2), EOS when
+// add_eos_token. Copies everything it needs; g may be closed afterwards.
 td_status td_tokenizer_from_gguf(const td_gguf *g, td_tokenizer **out, td_err *err);
 
 void td_tokenizer_free(td_tokenizer *t);

@@ -26,9 +26,9 @@ def template(tok, tid):
             "special_tokens": {tok: {"id": tok, "ids": [tid], "tokens": [tok]}}}
 
 
-def added(i, c, special, single_word=False, lstrip=False, rstrip=False):
+def added(i, c, special, single_word=False, lstrip=False, rstrip=False, normalized=False):
     return {"id": i, "content": c, "single_word": single_word, "lstrip": lstrip, "rstrip": rstrip,
-            "normalized": False, "special": special}
+            "normalized": normalized, "special": special}
 
 
 v = {bl(b): b for b in range(256)}
@@ -38,7 +38,8 @@ for a, b in merges:
     v.setdefault(a + b, len(v))
 n = len(v)
 adds = [added(n, "<|im_start|>", True), added(n + 1, "<s>", False, single_word=True),
-        added(n + 2, "<L>", True, lstrip=True), added(n + 3, "<R>", True, rstrip=True)]
+        added(n + 2, "<L>", True, lstrip=True), added(n + 3, "<R>", True, rstrip=True),
+        added(n + 4, "e\u0301", False, normalized=True)]  # NFD content, matched as NFC "é"
 bpe = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None, "end_of_word_suffix": None,
        "fuse_unk": False, "byte_fallback": False, "ignore_merges": True, "vocab": v,
        "merges": [a + " " + b for a, b in merges]}
@@ -66,7 +67,9 @@ for c in ["▁", "H", "e", "l", "o", "w", "r", "d", "▁H", "ll", "▁w", "or", 
 sm = [m for m in ["▁ H", "l l", "▁ w", "o r", "▁H e", "ll o", "▁He llo", "▁w or", "▁wor l"]
       if all(p in sv for p in m.split(" ")) and m.replace(" ", "") in sv]
 spm = {"version": "1.0", "truncation": None, "padding": None,
-       "added_tokens": [added(i, c, True) for c, i in [("<unk>", 0), ("<s>", 1), ("</s>", 2)]],
+       "added_tokens": [added(i, c, True) for c, i in [("<unk>", 0), ("<s>", 1), ("</s>", 2)]] +
+                       [added(len(sv), "lo", False, normalized=True),  # pattern "▁lo" after Prepend
+                        added(len(sv) + 1, " world", False, rstrip=True, normalized=True)],
        "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
                                                           {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
        "pre_tokenizer": None, "post_processor": template("<s>", 1),
@@ -90,3 +93,41 @@ with open(D + "bad_types.json", "w") as f:
 with open(D + "tiny_text.json", "wb") as f:
     f.write(b'{"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":[["a","b"]]},'
             b'"added_tokens":[{"id":3,"content":"<x>","lstrip":true}]}\x00ab  <x>ba\xff')
+
+# Metaspace pre-tokenizer variants (newer Llama/Mistral files): no normalizer.
+for name, scheme, split in (("spm_metaspace_first", "first", True), ("spm_metaspace_always", "always", False)):
+    m = json.loads(json.dumps(spm))
+    m["normalizer"] = None
+    m["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": split}
+    m["decoder"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": split}
+    dump(name + ".json", m)
+
+# Small vocab-only GGUF seeds for tests/fuzz/fuzz_tokenizer_gguf.c.
+import os  # noqa: E402
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+from gguf_writer import GGUFWriter, T_ARRAY, T_BOOL, T_FLOAT32, T_INT32, T_STRING, T_UINT32  # noqa: E402
+
+G = "tests/fuzz/corpus/tokenizer_gguf/"
+os.makedirs(G, exist_ok=True)
+toks = sorted(v, key=v.get)
+for pre in ("llama-bpe", "qwen2", "gpt-2"):
+    w = GGUFWriter()
+    w.add("tokenizer.ggml.model", T_STRING, "gpt2")
+    w.add("tokenizer.ggml.pre", T_STRING, pre)
+    w.add("tokenizer.ggml.tokens", T_ARRAY, toks + ["<|im_start|>"], T_STRING)
+    w.add("tokenizer.ggml.token_type", T_ARRAY, [1] * len(toks) + [3], T_INT32)
+    w.add("tokenizer.ggml.merges", T_ARRAY, [a + " " + b for a, b in merges], T_STRING)
+    w.add("tokenizer.ggml.bos_token_id", T_UINT32, len(toks))
+    w.add("tokenizer.ggml.add_bos_token", T_BOOL, True)
+    w.write(G + f"gpt2_{pre}.gguf")
+stoks = sorted(sv, key=sv.get)
+w = GGUFWriter()
+w.add("tokenizer.ggml.model", T_STRING, "llama")
+w.add("tokenizer.ggml.tokens", T_ARRAY, stoks, T_STRING)
+w.add("tokenizer.ggml.scores", T_ARRAY, [-float(i) for i in range(len(stoks))], T_FLOAT32)
+w.add("tokenizer.ggml.token_type", T_ARRAY, [2, 3, 3] + [6] * 256 + [1] * (len(stoks) - 259), T_INT32)
+w.add("tokenizer.ggml.bos_token_id", T_UINT32, 1)
+w.add("tokenizer.ggml.eos_token_id", T_UINT32, 2)
+w.write(G + "llama_spm.gguf")

@@ -128,6 +128,10 @@ int main(void) {
             check_ids(tok, name, "json", c, "ids_special", true);
             check_decode(tok, name, "json", c);
         }
+        // Decode-only id lists: byte tokens making valid/truncated/invalid UTF-8, random ids.
+        const cJSON *dc = cJSON_GetObjectItem(m, "decode_cases");
+        CHECK(cJSON_GetArraySize(dc) >= 4, "%s: decode cases present", name);
+        cJSON_ArrayForEach(c, dc) check_decode(tok, name, "json", c);
         td_tokenizer_free(tok);
         if (!cJSON_IsTrue(cJSON_GetObjectItem(m, "gguf"))) continue;
 

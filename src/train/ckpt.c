@@ -1,0 +1,388 @@
+// Checkpoint writer, verifying reader and rotating directory (format in ckpt.h).
+#include "train/ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "base/file.h"
+#include "base/log.h"
+#include "train/afile.h"
+
+static const uint8_t MAGIC[8] = {'T', 'D', 'C', 'K', 'P', 'T', 0, 0};
+static const uint8_t END_MAGIC[8] = {'T', 'D', 'C', 'K', 'E', 'N', 'D', 0};
+#define HEADER_BYTES 64
+#define TRAILER_BYTES 16
+#define ALIGN 64
+
+struct td_ckpt {
+    td_map map;
+    char *meta;  // NUL-terminated copy of the JSON blob
+    int n;
+    td_ckpt_tensor *t;  // (n)
+    char *names;        // NUL-terminated names, t[i].name points here
+};
+
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+static td_status check_tensor(const td_ckpt_tensor *t, td_err *err) {
+    size_t nl = t->name ? strlen(t->name) : 0;
+    if (nl == 0 || nl > TD_CKPT_NAME_MAX)
+        return td_err_set(err, TD_ERR_INVALID, "tensor name empty or longer than %d bytes",
+                          TD_CKPT_NAME_MAX);
+    if ((unsigned)t->dtype >= TD_DTYPE_COUNT)
+        return td_err_set(err, TD_ERR_INVALID, "tensor %s: bad dtype %d", t->name, (int)t->dtype);
+    if (t->ndim < 0 || t->ndim > TD_CKPT_MAX_DIMS)
+        return td_err_set(err, TD_ERR_INVALID, "tensor %s: ndim %d", t->name, t->ndim);
+    int64_t numel = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 0 || (t->shape[d] && numel > INT64_MAX / t->shape[d]))
+            return td_err_set(err, TD_ERR_INVALID, "tensor %s: bad shape", t->name);
+        numel *= t->shape[d];
+    }
+    size_t want = td_row_bytes(t->dtype, numel);
+    if (want != t->nbytes || (numel && want == 0) || (t->nbytes && !t->data))
+        return td_err_set(err, TD_ERR_INVALID, "tensor %s: %zu bytes given, shape needs %zu",
+                          t->name, t->nbytes, want);
+    return TD_OK;
+}
+
+td_status td_ckpt_write(const char *path, const td_ckpt_tensor *tensors, int n,
+                        const char *meta_json, td_err *err) {
+    if (n < 0 || (n && !tensors))
+        return td_err_set(err, TD_ERR_INVALID, "%s: bad tensor list", path);
+    if (!meta_json) meta_json = "{}";
+    uint64_t table_bytes = 0, data_bytes = 0;
+    uint64_t *hashes = calloc((size_t)n + 1, sizeof *hashes);
+    if (!hashes) return td_err_set(err, TD_ERR_NOMEM, "%s: out of memory", path);
+    for (int i = 0; i < n; i++) {
+        td_status st = check_tensor(&tensors[i], err);
+        for (int j = 0; !st && j < i; j++)
+            if (!strcmp(tensors[i].name, tensors[j].name))
+                st = td_err_set(err, TD_ERR_INVALID, "duplicate tensor name %s", tensors[i].name);
+        if (st) {
+            free(hashes);
+            return td_err_prefix(err, "%s", path);
+        }
+        table_bytes +=
+            2 + strlen(tensors[i].name) + 4 + 4 + 8 * (uint64_t)tensors[i].ndim + 8 + 8 + 8;
+        data_bytes = align_up(data_bytes, ALIGN) + tensors[i].nbytes;
+        hashes[i] = XXH3_64bits(tensors[i].data, tensors[i].nbytes);
+    }
+    data_bytes = align_up(data_bytes, ALIGN);
+    uint64_t meta_bytes = strlen(meta_json);
+    uint64_t data_offset = align_up(HEADER_BYTES + meta_bytes + table_bytes, ALIGN);
+
+    td_afile f;
+    td_status st = td_afile_open(&f, path, err);
+    if (st) {
+        free(hashes);
+        return st;
+    }
+    st = td_afile_write(&f, MAGIC, 8, err);
+    if (!st) st = td_afile_write_u32(&f, TD_CKPT_VERSION, err);
+    if (!st) st = td_afile_write_u32(&f, HEADER_BYTES, err);
+    if (!st) st = td_afile_write_u32(&f, (uint32_t)n, err);
+    if (!st) st = td_afile_write_u32(&f, 0, err);
+    if (!st) st = td_afile_write_u64(&f, meta_bytes, err);
+    if (!st) st = td_afile_write_u64(&f, table_bytes, err);
+    if (!st) st = td_afile_write_u64(&f, data_offset, err);
+    if (!st) st = td_afile_write_u64(&f, data_bytes, err);
+    if (!st) st = td_afile_write_u64(&f, 0, err);
+    if (!st) st = td_afile_write(&f, meta_json, meta_bytes, err);
+    uint64_t off = 0;
+    for (int i = 0; !st && i < n; i++) {
+        const td_ckpt_tensor *t = &tensors[i];
+        size_t nl = strlen(t->name);
+        off = align_up(off, ALIGN);
+        st = td_afile_write_u16(&f, (uint16_t)nl, err);
+        if (!st) st = td_afile_write(&f, t->name, nl, err);
+        if (!st) st = td_afile_write_u32(&f, (uint32_t)t->dtype, err);
+        if (!st) st = td_afile_write_u32(&f, (uint32_t)t->ndim, err);
+        for (int d = 0; !st && d < t->ndim; d++)
+            st = td_afile_write_u64(&f, (uint64_t)t->shape[d], err);
+        if (!st) st = td_afile_write_u64(&f, off, err);
+        if (!st) st = td_afile_write_u64(&f, t->nbytes, err);
+        if (!st) st = td_afile_write_u64(&f, hashes[i], err);
+        off += t->nbytes;
+    }
+    if (!st) st = td_afile_pad(&f, ALIGN, err);
+    for (int i = 0; !st && i < n; i++) {
+        st = td_afile_pad(&f, ALIGN, err);
+        if (!st) st = td_afile_write(&f, tensors[i].data, tensors[i].nbytes, err);
+    }
+    if (!st) st = td_afile_pad(&f, ALIGN, err);
+    TD_ASSERT(st || f.written == data_offset + data_bytes);
+    if (!st) st = td_afile_write_u64(&f, td_afile_hash(&f), err);
+    if (!st) st = td_afile_write(&f, END_MAGIC, 8, err);
+    free(hashes);
+    if (st) {
+        td_afile_abort(&f);
+        return st;
+    }
+    return td_afile_commit(&f, err);
+}
+
+void td_ckpt_close(td_ckpt *c) {
+    if (!c) return;
+    td_map_close(&c->map);
+    free(c->meta);
+    free(c->t);
+    free(c->names);
+    free(c);
+}
+
+static td_status fmt_err(td_err *err, const char *path, const char *what) {
+    return td_err_set(err, TD_ERR_FORMAT, "%s: %s", path, what);
+}
+
+td_status td_ckpt_open(const char *path, td_ckpt **out, td_err *err) {
+    *out = NULL;
+    td_ckpt *c = calloc(1, sizeof *c);
+    if (!c) return td_err_set(err, TD_ERR_NOMEM, "%s: out of memory", path);
+    td_status st = td_map_open(&c->map, path, err);
+    if (st) {
+        free(c);
+        return st;
+    }
+    const uint8_t *p = c->map.data;
+    uint64_t size = c->map.size;
+    char msg[256];
+#define FAIL(...)                               \
+    do {                                        \
+        snprintf(msg, sizeof msg, __VA_ARGS__); \
+        st = fmt_err(err, path, msg);           \
+        goto fail;                              \
+    } while (0)
+    if (size < 8 || memcmp(p, MAGIC, 8) != 0) {
+        if (size < 8 && (size == 0 || memcmp(p, MAGIC, size) == 0))
+            FAIL("truncated: %" PRIu64 " bytes, shorter than the header", size);
+        FAIL("not a tandem checkpoint (bad magic)");
+    }
+    if (size < HEADER_BYTES + TRAILER_BYTES)
+        FAIL("truncated: %" PRIu64 " bytes, shorter than header and trailer", size);
+    uint32_t version = td_le32(p + 8), hdr = td_le32(p + 12), n = td_le32(p + 16);
+    if (version != TD_CKPT_VERSION)
+        FAIL("unsupported checkpoint version %u (this build reads %d)", version, TD_CKPT_VERSION);
+    if (hdr < HEADER_BYTES) FAIL("header size %u too small", hdr);
+    uint64_t meta_bytes = td_le64(p + 24), table_bytes = td_le64(p + 32);
+    uint64_t data_offset = td_le64(p + 40), data_bytes = td_le64(p + 48);
+    if (data_offset > size || data_bytes > size || meta_bytes > size || table_bytes > size ||
+        hdr + meta_bytes + table_bytes > data_offset)
+        FAIL("header sizes out of range (file %" PRIu64 " bytes); truncated or corrupt", size);
+    uint64_t expect = data_offset + data_bytes + TRAILER_BYTES;
+    if (size < expect) FAIL("truncated: %" PRIu64 " bytes, header says %" PRIu64, size, expect);
+    if (size > expect) FAIL("%" PRIu64 " trailing bytes after the end marker", size - expect);
+    if (memcmp(p + size - 8, END_MAGIC, 8) != 0)
+        FAIL("completeness marker missing (truncated or corrupt)");
+    if (n > table_bytes / 30 + 1) FAIL("tensor count %u does not fit the table", n);
+
+    c->meta = malloc(meta_bytes + 1);
+    c->t = calloc(n ? n : 1, sizeof *c->t);
+    c->names = malloc(table_bytes + 1);
+    if (!c->meta || !c->t || !c->names) {
+        st = td_err_set(err, TD_ERR_NOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    memcpy(c->meta, p + hdr, meta_bytes);
+    c->meta[meta_bytes] = 0;
+    if (memchr(c->meta, 0, meta_bytes)) FAIL("metadata contains a NUL byte");
+    c->n = (int)n;
+    const uint8_t *q = p + hdr + meta_bytes, *qend = q + table_bytes;
+    char *names = c->names;
+    for (uint32_t i = 0; i < n; i++) {
+        td_ckpt_tensor *t = &c->t[i];
+        if (qend - q < 2) FAIL("tensor table truncated at entry %u", i);
+        uint16_t nl = td_le16(q);
+        q += 2;
+        if (nl == 0 || (uint64_t)(qend - q) < (uint64_t)nl + 8)
+            FAIL("tensor table entry %u: bad name", i);
+        memcpy(names, q, nl);
+        names[nl] = 0;
+        t->name = names;
+        names += nl + 1;
+        q += nl;
+        uint32_t dt = td_le32(q), nd = td_le32(q + 4);
+        q += 8;
+        if (dt >= TD_DTYPE_COUNT) FAIL("tensor %s: unknown dtype %u", t->name, dt);
+        if (nd > TD_CKPT_MAX_DIMS) FAIL("tensor %s: ndim %u", t->name, nd);
+        if ((uint64_t)(qend - q) < 8ull * nd + 24)
+            FAIL("tensor table truncated at tensor %s", t->name);
+        t->dtype = (td_dtype)dt;
+        t->ndim = (int)nd;
+        int64_t numel = 1;
+        for (uint32_t d = 0; d < nd; d++, q += 8) {
+            uint64_t s = td_le64(q);
+            if (s > (1ull << 48) || (s && (uint64_t)numel > (1ull << 48) / s))
+                FAIL("tensor %s: dimension %u = %" PRIu64 " out of range", t->name, d, s);
+            t->shape[d] = (int64_t)s;
+            numel *= (int64_t)s;
+        }
+        uint64_t off = td_le64(q), nb = td_le64(q + 8), h = td_le64(q + 16);
+        q += 24;
+        if (nb != td_row_bytes(t->dtype, numel))
+            FAIL("tensor %s: %" PRIu64 " bytes disagree with its shape", t->name, nb);
+        if (off > data_bytes || nb > data_bytes - off)
+            FAIL("tensor %s: data out of bounds", t->name);
+        t->data = p + data_offset + off;
+        t->nbytes = (size_t)nb;
+        if (XXH3_64bits(t->data, t->nbytes) != h)
+            FAIL("tensor %s: checksum mismatch (corrupt data)", t->name);
+    }
+    if (q != qend) FAIL("tensor table size disagrees with its entries");
+    uint64_t file_hash = td_le64(p + size - TRAILER_BYTES);
+    if (XXH3_64bits(p, size - TRAILER_BYTES) != file_hash)
+        FAIL("whole-file checksum mismatch (corrupt header, metadata or padding)");
+#undef FAIL
+    *out = c;
+    return TD_OK;
+fail:
+    td_ckpt_close(c);
+    return st;
+}
+
+const char *td_ckpt_meta(const td_ckpt *c) { return c->meta; }
+int td_ckpt_count(const td_ckpt *c) { return c->n; }
+const td_ckpt_tensor *td_ckpt_get(const td_ckpt *c, int i) {
+    return i >= 0 && i < c->n ? &c->t[i] : NULL;
+}
+
+const td_ckpt_tensor *td_ckpt_find(const td_ckpt *c, const char *name) {
+    for (int i = 0; i < c->n; i++)
+        if (!strcmp(c->t[i].name, name)) return &c->t[i];
+    return NULL;
+}
+
+// ---- directory ----
+
+// Parses "ckpt-<digits>.tdck" (at least 6 digits); returns 1 and the step if it matches.
+static int parse_name(const char *s, int64_t *step) {
+    if (strncmp(s, "ckpt-", 5) != 0) return 0;
+    const char *d = s + 5;
+    int nd = 0;
+    int64_t v = 0;
+    while (d[nd] >= '0' && d[nd] <= '9') {
+        if (v > (INT64_MAX - 9) / 10) return 0;
+        v = v * 10 + (d[nd] - '0');
+        nd++;
+    }
+    if (nd < 6 || strcmp(d + nd, ".tdck") != 0) return 0;
+    *step = v;
+    return 1;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+// All steps in dir, newest first, malloc'd into *out; returns the count or -1.
+static int list_all(const char *dir, int64_t **out) {
+    *out = NULL;
+    DIR *dp = opendir(dir);
+    if (!dp) return -1;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        int64_t s;
+        if (!parse_name(e->d_name, &s)) continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            int64_t *nb = realloc(*out, (size_t)cap * sizeof *nb);
+            if (!nb) {
+                closedir(dp);
+                free(*out);
+                *out = NULL;
+                return -1;
+            }
+            *out = nb;
+        }
+        (*out)[n++] = s;
+    }
+    closedir(dp);
+    if (n) qsort(*out, (size_t)n, sizeof **out, cmp_desc);
+    return n;
+}
+
+int td_ckpt_dir_list(const char *dir, int64_t *steps, int cap) {
+    int64_t *all;
+    int n = list_all(dir, &all);
+    for (int i = 0; i < n && i < cap; i++) steps[i] = all[i];
+    free(all);
+    return n;
+}
+
+static void ckpt_path(char *out, size_t cap, const char *dir, int64_t step) {
+    snprintf(out, cap, "%s/ckpt-%06" PRId64 ".tdck", dir, step);
+}
+
+td_status td_ckpt_dir_save(const char *dir, int64_t step, const td_ckpt_tensor *tensors, int n,
+                           const char *meta_json, int keep, char *path_out, size_t cap,
+                           td_err *err) {
+    if (step < 0) return td_err_set(err, TD_ERR_INVALID, "checkpoint step %" PRId64 " < 0", step);
+    if (!td_is_dir(dir) && mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return td_err_set(err, TD_ERR_IO, "%s: cannot create directory: %s", dir, strerror(errno));
+    // Leftover temporaries of a crashed writer (single writer per directory assumed).
+    DIR *dp = opendir(dir);
+    if (!dp)
+        return td_err_set(err, TD_ERR_IO, "%s: cannot read directory: %s", dir, strerror(errno));
+    struct dirent *e;
+    char p[TD_AFILE_PATH_MAX];
+    while ((e = readdir(dp))) {
+        size_t l = strlen(e->d_name);
+        if (l > 9 && !strncmp(e->d_name, "ckpt-", 5) && !strcmp(e->d_name + l - 9, ".tdck.tmp") &&
+            td_path_join(p, sizeof p, dir, e->d_name))
+            unlink(p);
+    }
+    closedir(dp);
+    ckpt_path(p, sizeof p, dir, step);
+    td_status st = td_ckpt_write(p, tensors, n, meta_json, err);
+    if (st) return st;
+    if (path_out && cap) snprintf(path_out, cap, "%s", p);
+    if (keep > 0) {
+        int64_t *all;
+        int m = list_all(dir, &all);
+        for (int i = keep; i < m; i++) {
+            ckpt_path(p, sizeof p, dir, all[i]);
+            if (unlink(p) != 0)
+                TD_LOGW("checkpoint rotation: cannot remove %s: %s", p, strerror(errno));
+        }
+        free(all);
+    }
+    return TD_OK;
+}
+
+td_status td_ckpt_dir_load_latest(const char *dir, td_ckpt **out, int64_t *step, td_err *err) {
+    *out = NULL;
+    int64_t *all;
+    int m = list_all(dir, &all);
+    if (m < 0)
+        return td_err_set(err, TD_ERR_NOT_FOUND, "%s: cannot read checkpoint directory", dir);
+    if (m == 0) {
+        free(all);
+        return td_err_set(err, TD_ERR_NOT_FOUND, "%s: no checkpoint (ckpt-NNNNNN.tdck)", dir);
+    }
+    td_err first = {0};
+    for (int i = 0; i < m; i++) {
+        char p[TD_AFILE_PATH_MAX];
+        ckpt_path(p, sizeof p, dir, all[i]);
+        td_err e = {0};
+        if (td_ckpt_open(p, out, &e) == TD_OK) {
+            if (i > 0) TD_LOGW("using %s: newer checkpoint(s) failed to verify", p);
+            if (step) *step = all[i];
+            free(all);
+            return TD_OK;
+        }
+        TD_LOGW("skipping checkpoint: %s", e.msg);
+        if (i == 0) first = e;
+    }
+    free(all);
+    return td_err_set(err, TD_ERR_FORMAT, "%s: no valid checkpoint among %d; newest: %s", dir, m,
+                      first.msg);
+}
