@@ -7,11 +7,12 @@
 #   LLAMA_BUILD_DIR  a llama.cpp CMake build directory (bin/llama-bench inside it)
 #   models           default: every /work/benchmodels/*.gguf ($TANDEM_BENCH_MODELS)
 # environment (defaults): TANDEM_BIN=build/tandem THREADS=2 PP=512 TG=128 REPS=3 ROUNDS=2
+#   LLAMA_EXTRA=""   extra llama-bench flags, e.g. "--poll 0" (threads sleep instead of spinning)
 #   OUT_DIR=${TMPDIR:-/tmp}/tandem-compare-<date>   (raw.jsonl, table.md, log.txt)
 set -euo pipefail
 
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
-    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 LLAMA_DIR=$1
@@ -21,6 +22,7 @@ LLAMA_BENCH=$LLAMA_DIR/bin/llama-bench
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TANDEM_BIN=${TANDEM_BIN:-$ROOT/build/tandem}
 [ -x "$TANDEM_BIN" ] || { echo "compare_llama: no $TANDEM_BIN (build tandem first)" >&2; exit 2; }
+TD_SRC=$(cd "$(dirname "$TANDEM_BIN")/.." && pwd)  # the checkout the binary was built from
 THREADS=${THREADS:-2}
 PP=${PP:-512}
 TG=${TG:-128}
@@ -39,7 +41,7 @@ LOG=$OUT_DIR/log.txt
 : > "$RAW"
 : > "$LOG"
 
-LLAMA_CMD="$LLAMA_BENCH -t $THREADS -p $PP -n $TG -r $REPS -o json"
+LLAMA_CMD="$LLAMA_BENCH -t $THREADS -p $PP -n $TG -r $REPS -o json${LLAMA_EXTRA:+ $LLAMA_EXTRA}"
 TD_PP_CMD="$TANDEM_BIN bench pp $PP MODEL -t $THREADS -r $REPS --json"
 TD_TG_CMD="$TANDEM_BIN bench tg $TG MODEL -t $THREADS -r $REPS --json"
 
@@ -89,7 +91,7 @@ ceilings 1 > /dev/null
     echo "Date: $(date -u '+%Y-%m-%d %H:%M UTC'). Machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores" \
         "(shared with other jobs: numbers are noisy)."
     echo "llama.cpp: $(git -C "$LLAMA_DIR/.." log -1 --format='%h (%cd)' --date=short 2>/dev/null || echo '?')," \
-        "tandem: $(git -C "$ROOT" log -1 --format='%h' 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet 2>/dev/null || echo '+dirty')."
+        "tandem: $(git -C "$TD_SRC" log -1 --format='%h' 2>/dev/null || echo '?')$(git -C "$TD_SRC" diff --quiet 2>/dev/null || echo '+dirty') ($TANDEM_BIN)."
     echo
     /usr/bin/python3 "$ROOT/bench/compare_table.py" "$RAW"
     echo
