@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/cmd_bench.h"
 #include "cli/cmd_bench_serve.h"
 #include "cli/cmd_convert.h"
 #include "cli/cmd_train.h"
@@ -29,6 +30,7 @@ static void usage(FILE *f) {
             "  export CKPT      a training checkpoint to an HF directory or GGUF (--to hf|gguf -o OUT)\n"
             "  tokenizer train  learn a byte-level BPE tokenizer from text files\n"
             "  data prepare     tokenize a corpus into training shards\n"
+            "  bench pp|tg|batched|ceilings  llama-bench-style speed (docs/bench.md)\n"
             "  bench serve      load-test an OpenAI-compatible server (docs/bench-serve.md)\n"
             "  eval MODEL       perplexity over token shards (docs/eval.md)\n"
             "  plot LOG...      training-log loss curves to a PNG (docs/eval.md)\n"
@@ -63,8 +65,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "bench")) {
         if (argc > 2 && !strcmp(argv[2], "serve")) return td_cmd_bench_serve(argc - 2, argv + 2);
-        fprintf(stderr, "tandem bench: expected a benchmark name: serve\n");
-        return 2;
+        return td_cmd_bench(argc - 1, argv + 1);  // pp, tg, batched, ceilings
     }
     if (!strcmp(cmd, "eval")) return td_cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "plot")) return td_cmd_plot(argc - 1, argv + 1);
