@@ -2,10 +2,12 @@
 // Not here: the loop itself, data preparation (`tandem data prepare`), export.
 #include "cli/cmd_train.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/file.h"
 #include "cli/cli.h"
 #include "train/train_run.h"
 
@@ -26,13 +28,127 @@ static void usage(FILE *f) {
         "  --wd X (0.1)  --beta1 X (0.9)  --beta2 X (0.95)  --eps X (1e-8)\n"
         "  --bf16          bf16 matmul operands, f32 accumulation and master weights\n"
         "  --recompute     recompute layer activations in backward (less memory)\n"
+        "config:\n"
+        "  --config FILE   a JSON object of options: keys are the flag names without '--'\n"
+        "                  ({\"dim\": 256, \"bf16\": true, \"shards\": [\"a.tdsh\"], \"val\": [...]});\n"
+        "                  flags on the command line override it\n"
         "run:\n"
         "  --out DIR       checkpoint directory    --ckpt-every N (0: only at the end)\n"
         "  --keep N (3)    checkpoints kept        --resume   continue from the newest in --out\n"
         "  --seed N (1)    --threads N (all CPUs)\n");
 }
 
+static int td_cmd_train_args(int argc, char **argv);
+
+// Expands --config FILE into flags placed before the command line's own (so those override it):
+// numbers and strings become "--key VALUE", true becomes "--key", false is dropped, arrays repeat
+// the flag ("shards" entries become positional arguments). Returns a malloc'd argv (strings in
+// *store, freed by the caller with cJSON_Delete) or NULL after printing the problem.
+static char **expand_config(int argc, char **argv, int *out_argc, cJSON **store) {
+    const char *path = NULL;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "tandem train: --config needs a file\n");
+                return NULL;
+            }
+            path = argv[i + 1];
+        }
+    *store = NULL;
+    cJSON *cfg = NULL;
+    if (path) {
+        char *text;
+        td_err err;
+        if (td_read_file(path, 1 << 20, &text, NULL, &err) != TD_OK) {
+            fprintf(stderr, "tandem train: %s\n", err.msg);
+            return NULL;
+        }
+        cfg = cJSON_Parse(text);
+        free(text);
+        if (!cJSON_IsObject(cfg)) {
+            fprintf(stderr, "tandem train: %s: not a JSON object\n", path);
+            cJSON_Delete(cfg);
+            return NULL;
+        }
+    }
+    // Worst case two tokens per value; arrays count their elements.
+    size_t cap = (size_t)argc + 1;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cfg) cap += 2 * (size_t)(cJSON_IsArray(it) ? cJSON_GetArraySize(it) : 1);
+    char **out = calloc(cap, sizeof *out);
+    cJSON *strs = cJSON_CreateArray();  // owns the formatted strings
+    if (!out || !strs) {
+        free(out);
+        cJSON_Delete(strs);
+        cJSON_Delete(cfg);
+        return NULL;
+    }
+    int n = 0;
+    out[n++] = argv[0];
+    int bad = 0;
+    cJSON_ArrayForEach(it, cfg) {
+        char flag[128];
+        snprintf(flag, sizeof flag, "--%s", it->string);
+        const int positional = !strcmp(it->string, "shards");
+        const cJSON *vals = it;
+        int count = cJSON_IsArray(it) ? cJSON_GetArraySize(it) : 1;
+        for (int j = 0; j < count && !bad; j++) {
+            const cJSON *v = cJSON_IsArray(it) ? cJSON_GetArrayItem(vals, j) : it;
+            char buf[64];
+            const char *val = NULL;
+            if (cJSON_IsBool(v)) {
+                if (cJSON_IsFalse(v)) continue;
+            } else if (cJSON_IsNumber(v)) {
+                snprintf(buf, sizeof buf, "%.17g", v->valuedouble);
+                val = buf;
+            } else if (cJSON_IsString(v)) {
+                val = v->valuestring;
+            } else {
+                fprintf(stderr, "tandem train: %s: \"%s\" must be a number, string, boolean or array of those\n",
+                        path, it->string);
+                bad = 1;
+                break;
+            }
+            if (!positional) {
+                cJSON_AddItemToArray(strs, cJSON_CreateString(flag));
+                out[n++] = cJSON_GetArrayItem(strs, cJSON_GetArraySize(strs) - 1)->valuestring;
+            }
+            if (val) {
+                cJSON_AddItemToArray(strs, cJSON_CreateString(val));
+                out[n++] = cJSON_GetArrayItem(strs, cJSON_GetArraySize(strs) - 1)->valuestring;
+            }
+        }
+    }
+    cJSON_Delete(cfg);
+    if (bad) {
+        free(out);
+        cJSON_Delete(strs);
+        return NULL;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--config")) {
+            i++;
+            continue;
+        }
+        out[n++] = argv[i];
+    }
+    *out_argc = n;
+    *store = strs;
+    return out;
+}
+
 int td_cmd_train(int argc, char **argv) {
+    cJSON *store = NULL;
+    char **full = expand_config(argc, argv, &argc, &store);
+    if (!full) return 2;
+    argv = full;
+    int rc = td_cmd_train_args(argc, argv);
+    free(full);
+    cJSON_Delete(store);
+    return rc;
+}
+
+static int td_cmd_train_args(int argc, char **argv) {
     td_train_run_params p = td_train_run_default_params();
     const char **shards = calloc((size_t)argc + 1, sizeof *shards);
     const char **vals = calloc((size_t)argc + 1, sizeof *vals);
