@@ -484,7 +484,9 @@ static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *to
         // text_offset indexes the echoed text: a token whose text is not there (the BOS the
         // tokenizer added to a text prompt) has zero width. A token that is part of a character
         // decodes alone to U+FFFD: zero width too, and the next token resynchronizes past the rest
-        // of that character's bytes. Raw bytes here; code points in full_response.
+        // of that character's bytes. A token decoded alone may lose its leading space (a Strip
+        // decoder, SentencePiece "▁x"): it starts at that space. Raw bytes here; code points in
+        // full_response.
         char raw[256];
         size_t n = token_raw(r, h->token, raw, sizeof raw);
         size_t off = sb->p_cursor;
@@ -492,11 +494,11 @@ static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *to
         const size_t plen = pt ? sb->prompt_text_len : 0;
         for (size_t q = off; n > 0 && q < plen && q - off < 8; q++) {
             if (n <= plen - q && !memcmp(pt + q, raw, n)) {
-                off = q;
+                if (!(q == off + 1 && pt[off] == ' ')) off = q;
                 sb->p_cursor = q + n;
                 break;
             }
-            if ((unsigned char)pt[q] < 0x80) break;  // skip only the rest of a multi-byte character
+            if ((unsigned char)pt[q] < 0x80 && !(q == off && pt[q] == ' ' && raw[0] != ' ')) break;
         }
         lp_arrays_add(sb->p_tokens, sb->p_values, sb->p_top, sb->p_offsets, ts, h->has_lp, h->logprob,
                       h->has_lp ? legacy_top(r, h->token, h->logprob, top, h->n_top) : NULL, off);
@@ -530,9 +532,9 @@ static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *to
             cJSON *topj = h->has_lp ? legacy_top(r, h->token, h->logprob, top,
                                                  h->n_top < r->api.gen.logprobs ? h->n_top : r->api.gen.logprobs)
                                     : NULL;
-            char raw[256];
-            size_t n = token_raw(r, h->token, raw, sizeof raw);
-            // Streaming (never with echo): code points of the text so far; otherwise raw bytes into
+            // The text this token released (the detokenizer's increment: a leading space a lone
+            // decode would strip is there; a partial character is held) advances the offset.
+            // Streaming (never with echo): code points of the text so far; otherwise bytes into
             // echo + text, made code points by full_response.
             size_t off = r->api.gen.stream ? c->text_cp : (r->api.gen.echo ? sb->prompt_text_len : 0) + c->text_offset;
             if (r->api.gen.stream) {
@@ -549,8 +551,8 @@ static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *to
                 }
                 lp_arrays_add(c->lp_tokens, c->lp_values, c->lp_top, c->lp_offsets, ts, h->has_lp, h->logprob, topj, off);
             }
-            c->text_offset += n;
-            c->text_cp += cp_count(raw, n);
+            c->text_offset += h->text_len;
+            c->text_cp += cp_count(text, h->text_len);
         }
     }
     if (r->api.gen.stream) {
