@@ -7,7 +7,7 @@
 # Usage: bench/compare_serve.sh LLAMA_BUILD_DIR MODEL.gguf...
 #   LLAMA_BUILD_DIR: a llama.cpp build directory holding bin/llama-server
 # Env: TANDEM (default build/tandem), CONCURRENCIES ("1 4 16 64"), INPUT_LEN (128), OUTPUT_LEN (32),
-#      THREADS (2: both servers), KV (tandem --kv-cache-memory, 1G), RUN_TIMEOUT (seconds per
+#      THREADS (2: both servers), LLAMA_THREADS (llama-server -t, default THREADS), KV (tandem --kv-cache-memory, 1G), RUN_TIMEOUT (seconds per
 #      benchmark run, 1800), PORT (18500; llama-server gets PORT+1), OUT (markdown file; default
 #      stdout only), RESULT_DIR (keeps the result JSON files and server logs; default a temp dir).
 # Requests per run: max(8, 2 * concurrency). Before the runs each server answers one non-streaming
@@ -25,6 +25,7 @@ CONCURRENCIES=${CONCURRENCIES:-"1 4 16 64"}
 INPUT_LEN=${INPUT_LEN:-128}
 OUTPUT_LEN=${OUTPUT_LEN:-32}
 THREADS=${THREADS:-2}
+LLAMA_THREADS=${LLAMA_THREADS:-$THREADS}
 KV=${KV:-1G}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
 PORT=${PORT:-18500}
@@ -95,10 +96,10 @@ bench() {  # bench PORT SERVER MODEL C: one run; prints its row
 }
 
 {
-    echo "Both servers: --threads/-t $THREADS; prompts $INPUT_LEN random token ids, $OUTPUT_LEN output tokens (ignore_eos);"
+    echo "Threads: tandem --threads $THREADS, llama-server -t $LLAMA_THREADS; prompts $INPUT_LEN random token ids, $OUTPUT_LEN output tokens (ignore_eos);"
     echo "requests per run max(8, 2 x concurrency); client \`tandem bench serve\` (streaming /v1/completions)."
     echo "tandem: \`serve --threads $THREADS --max-seqs $MAXC --max-model-len $SEQ_LEN --kv-cache-memory $KV\`;"
-    echo "llama-server: \`-t $THREADS --parallel $MAXC -c $((MAXC * SEQ_LEN)) -cb --no-webui\` ($(cd "$LLAMA_DIR/.." && git log -1 --format=%h 2>/dev/null || echo '?'))."
+    echo "llama-server: \`-t $LLAMA_THREADS --parallel $MAXC -c $((MAXC * SEQ_LEN)) -cb --no-webui\` ($(cd "$LLAMA_DIR/.." && git log -1 --format=%h 2>/dev/null || echo '?'))."
     echo
     echo "| model | conc. | server | done | output tok/s | mean TTFT (ms) | median TTFT (ms) | mean TPOT (ms) | median TPOT (ms) | duration (s) | tokens ok |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|"
@@ -110,7 +111,7 @@ for model in "$@"; do
         --kv-cache-memory "$KV" >"$RESULT_DIR/serve-tandem-$name.log" 2>&1 &
     tpid=$!
     PIDS+=("$tpid")
-    "$LLAMA_SERVER" -m "$model" --port "$LPORT" -t "$THREADS" --parallel "$MAXC" -c $((MAXC * SEQ_LEN)) -cb \
+    "$LLAMA_SERVER" -m "$model" --port "$LPORT" -t "$LLAMA_THREADS" --parallel "$MAXC" -c $((MAXC * SEQ_LEN)) -cb \
         --no-webui >"$RESULT_DIR/serve-llama-$name.log" 2>&1 &
     lpid=$!
     PIDS+=("$lpid")
