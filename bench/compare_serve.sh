@@ -10,7 +10,8 @@
 #      THREADS (2: both servers), LLAMA_THREADS (llama-server -t, default THREADS), KV (tandem --kv-cache-memory, 1G), RUN_TIMEOUT (seconds per
 #      benchmark run, 1800), PORT (18500; llama-server gets PORT+1), OUT (markdown file; default
 #      stdout only), RESULT_DIR (keeps the result JSON files and server logs; default a temp dir).
-# Requests per run: max(8, 2 * concurrency). Before the runs each server answers one non-streaming
+# Requests per run: max(8, 2 * concurrency), seed = concurrency: no run repeats another's prompts
+# (both servers cache prompt prefixes; a repeated prompt would skip its prefill). Before the runs each server answers one non-streaming
 # request whose usage must say INPUT_LEN prompt and OUTPUT_LEN completion tokens (sanity check);
 # every run's total output tokens must equal requests * OUTPUT_LEN (the "tokens ok" column).
 set -euo pipefail
@@ -87,7 +88,7 @@ bench() {  # bench PORT SERVER MODEL C: one run; prints its row
     local tag="$model-$server-c$c"
     echo "$(date -u +%T) $server $model concurrency $c: $n requests" >&2
     if timeout "$RUN_TIMEOUT" "$TANDEM" bench serve --port "$port" --num-prompts "$n" --max-concurrency "$c" \
-        --random-input-len "$INPUT_LEN" --random-output-len "$OUTPUT_LEN" --ignore-eos --seed 0 \
+        --random-input-len "$INPUT_LEN" --random-output-len "$OUTPUT_LEN" --ignore-eos --seed "$c" \
         --save-result --result-dir "$RESULT_DIR" --result-filename "$tag.json" >"$RESULT_DIR/$tag.txt" 2>&1; then
         row "$server" "$model" "$c" "$n" "$RESULT_DIR/$tag.json"
     else
