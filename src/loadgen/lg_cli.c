@@ -31,6 +31,7 @@ static void usage(FILE *f) {
             "  --random-range-ratio R    lengths uniform in [L(1-R), L(1+R)], R in [0,1) (default 0)\n"
             "  --random-vocab-size V     prompt ids uniform in [offset, offset+V) (default 1000)\n"
             "  --random-vocab-offset O   lowest prompt id (default 1000)\n"
+            "  --random-prefix-len N     a shared random prefix of N tokens before each prompt (default 0)\n"
             "  --ignore-eos              send \"ignore_eos\": true\n"
             "  --temperature T           send a temperature (default: not sent)\n"
             "  --extra-body JSON         members added to every request body\n"
@@ -181,6 +182,9 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
         } else if (!strcmp(name, "--random-vocab-size")) {
             if (!get_long(name, VAL(), 1, 100000000, &x)) return 0;
             o->p.vocab_size = (int)x;
+        } else if (!strcmp(name, "--random-prefix-len")) {
+            if (!get_long(name, VAL(), 0, 10000000, &x)) return 0;
+            o->p.prefix_len = (int)x;
         } else if (!strcmp(name, "--random-vocab-offset")) {
             if (!get_long(name, VAL(), 0, 100000000, &x)) return 0;
             o->p.vocab_offset = (int)x;

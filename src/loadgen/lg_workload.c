@@ -130,6 +130,10 @@ td_status td_lg_workload_build(const td_lg_params *p, const char *model, td_lg_w
         }
     }
     int chat = is_chat(p->endpoint);
+    if (p->prefix_len < 0 || (p->prefix_len > 0 && chat)) {
+        cJSON_Delete(extra);
+        return td_err_set(err, TD_ERR_INVALID, "--random-prefix-len needs a completions endpoint");
+    }
     long in_lo = (long)floor(p->input_len * (1.0 - p->range_ratio));
     long in_hi = (long)ceil(p->input_len * (1.0 + p->range_ratio));
     long out_lo = (long)floor(p->output_len * (1.0 - p->range_ratio));
@@ -140,7 +144,8 @@ td_status td_lg_workload_build(const td_lg_params *p, const char *model, td_lg_w
     if (in_hi < in_lo) in_hi = in_lo;
 
     td_status st = TD_OK;
-    int *ids = malloc((size_t)in_hi * sizeof *ids);
+    const int pre = p->prefix_len;
+    int *ids = malloc(((size_t)pre + (size_t)in_hi) * sizeof *ids);
     w->reqs = calloc((size_t)p->num_prompts, sizeof *w->reqs);
     const char *key = getenv("OPENAI_API_KEY");
     if (key && strlen(key) > 1024) key = NULL;
@@ -150,12 +155,17 @@ td_status td_lg_workload_build(const td_lg_params *p, const char *model, td_lg_w
     }
     td_rng rng;
     td_rng_seed(&rng, p->seed ^ 0x5eedda7a5e7ull);  // the dataset stream; arrivals use another
+    if (pre > 0) {  // its own stream: the rest of the dataset is the same with or without a prefix
+        td_rng prng;
+        td_rng_seed(&prng, p->seed ^ 0x9e3779b97f4a7c15ull);
+        for (int k = 0; k < pre; k++) ids[k] = p->vocab_offset + (int)td_rng_int(&prng, 0, p->vocab_size - 1);
+    }
     for (int i = 0; i < p->num_prompts; i++) {
         int in_len = (int)td_rng_int(&rng, in_lo, in_hi);
         int max_tokens = (int)td_rng_int(&rng, out_lo, out_hi);
         if (!chat)
-            for (int k = 0; k < in_len; k++) ids[k] = p->vocab_offset + (int)td_rng_int(&rng, 0, p->vocab_size - 1);
-        char *body = build_body(p, model, chat, ids, in_len, max_tokens, &rng, extra);
+            for (int k = 0; k < in_len; k++) ids[pre + k] = p->vocab_offset + (int)td_rng_int(&rng, 0, p->vocab_size - 1);
+        char *body = build_body(p, model, chat, ids, pre + in_len, max_tokens, &rng, extra);
         if (!body) {
             st = td_err_set(err, TD_ERR_NOMEM, "out of memory building request %d", i);
             goto out;
@@ -179,7 +189,7 @@ td_status td_lg_workload_build(const td_lg_params *p, const char *model, td_lg_w
         free(body);
         w->reqs[i].http = http;
         w->reqs[i].http_len = (size_t)hl + blen;
-        w->reqs[i].prompt_len = in_len;
+        w->reqs[i].prompt_len = pre + in_len;
         w->reqs[i].max_tokens = max_tokens;
         w->n = i + 1;
     }

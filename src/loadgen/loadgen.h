@@ -25,6 +25,8 @@ typedef struct td_lg_params {
     double range_ratio;      // lengths uniform in [floor(L(1-r)), ceil(L(1+r))]; 0 = fixed
     int vocab_size;          // prompt token ids are uniform in [vocab_offset, vocab_offset+vocab_size)
     int vocab_offset;        // ids below this (special/byte tokens in common vocabularies) are avoided
+    int prefix_len;          // tokens of one random prefix every prompt starts with, before its own
+                             // input_len tokens (--random-prefix-len, as vLLM); completions only
     int max_concurrency;     // requests in flight at most; 0 = no cap
     double request_rate;     // requests/s; INFINITY = all at time 0
     double burstiness;       // gamma shape of inter-arrival gaps; 1 = Poisson

@@ -64,7 +64,8 @@ typedef struct choice {
     td_srv_buf text;       // non-streaming: all text
     cJSON *lp_tokens, *lp_values, *lp_top, *lp_offsets;  // completions logprobs (legacy arrays)
     cJSON *lp_content;     // chat logprobs "content" list
-    size_t text_offset;    // bytes of token strings so far (legacy text_offset)
+    size_t text_offset;    // raw bytes of token strings so far (legacy text_offset, before echo text)
+    size_t text_cp;        // the same in code points (streaming text_offset)
     td_finish_reason reason;
     double t_last;
     int n_tokens;
@@ -81,7 +82,7 @@ typedef struct sub {
     const char *prompt_text;  // for echo (arena)
     size_t prompt_text_len;
     cJSON *p_tokens, *p_values, *p_top, *p_offsets;  // prompt logprobs (echo + logprobs)
-    size_t p_text_len;
+    size_t p_cursor;  // bytes of prompt_text the prompt tokens so far cover (their text_offset)
 } sub;
 
 typedef struct srv_req {
@@ -207,6 +208,48 @@ static const char *token_str(srv_req *r, int32_t id, char *buf, size_t cap) {
     if (n < 0) n = 0;
     if ((size_t)n > sizeof raw) n = sizeof raw;
     return utf8_clean(raw, (size_t)n, buf, cap);
+}
+
+// Raw bytes of one token's text (not cleaned; may be part of a UTF-8 sequence). Returns the length.
+static size_t token_raw(srv_req *r, int32_t id, char *raw, size_t cap) {
+    td_err err;
+    long n = r->srv->eng.vt->detokenize(r->srv->eng.ctx, &id, 1, raw, cap, &err);
+    if (n < 0) n = 0;
+    return (size_t)n > cap ? cap : (size_t)n;
+}
+
+// Code points in raw bytes s[0..n) as utf8_clean counts them (an invalid byte is one U+FFFD).
+// Offsets into streamed text, where the whole text is never at hand.
+static size_t cp_count(const char *s, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] >> 6) != 2;
+    return k;
+}
+
+// Rewrites the legacy text_offset values of a full response, raw byte offsets into the raw text
+// t[0..n), as code-point indices into the returned (utf8_clean'ed) text, as OpenAI and vLLM index
+// a Python str. A byte inside a multi-byte character maps to that character.
+static void offsets_to_cp(cJSON *offsets, const char *t, size_t n) {
+    size_t *map = malloc((n + 1) * sizeof *map);
+    if (!map) return;
+    size_t cp = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)t[i];
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = len > 0 && i + (size_t)len <= n && c != 0;
+        for (int k = 1; ok && k < len; k++) ok = ((unsigned char)t[i + k] >> 6) == 2;
+        size_t step = ok ? (size_t)len : 1;
+        for (size_t k = 0; k < step; k++) map[i + k] = cp;
+        cp++;
+        i += step;
+    }
+    map[n] = cp;
+    for (cJSON *it = offsets ? offsets->child : NULL; it; it = it->next) {
+        double b = it->valuedouble;
+        size_t bi = b < 0 ? 0 : (size_t)b > n ? n : (size_t)b;
+        cJSON_SetNumberValue(it, (double)map[bi]);
+    }
+    free(map);
 }
 
 static bool drain_events(srv_req *r, bool quiet);
@@ -386,9 +429,12 @@ static void lp_arrays_add(cJSON *tokens, cJSON *values, cJSON *tops, cJSON *offs
     cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)offset));
 }
 
-static cJSON *legacy_top(srv_req *r, const td_top_logprob *top, int n_top) {
+// Legacy completions top_logprobs: the chosen token (sampled, or the prompt's) first, then the
+// top n_top, as vLLM (and OpenAI: "up to logprobs+1 elements") return them.
+static cJSON *legacy_top(srv_req *r, int32_t token, float logprob, const td_top_logprob *top, int n_top) {
     cJSON *o = cJSON_CreateObject();
     char buf[800];
+    cJSON_AddNumberToObject(o, token_str(r, token, buf, sizeof buf), logprob);
     for (int k = 0; k < n_top; k++) {
         const char *ts = token_str(r, top[k].token, buf, sizeof buf);
         if (!cJSON_GetObjectItemCaseSensitive(o, ts)) cJSON_AddNumberToObject(o, ts, top[k].logprob);
@@ -435,9 +481,27 @@ static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *to
             sb->p_offsets = cJSON_CreateArray();
         }
         const char *ts = token_str(r, h->token, buf, sizeof buf);
+        // text_offset indexes the echoed text: a token whose text is not there (the BOS the
+        // tokenizer added to a text prompt) has zero width. A token that is part of a character
+        // decodes alone to U+FFFD: zero width too, and the next token resynchronizes past the rest
+        // of that character's bytes. A token decoded alone may lose its leading space (a Strip
+        // decoder, SentencePiece "▁x"): it starts at that space. Raw bytes here; code points in
+        // full_response.
+        char raw[256];
+        size_t n = token_raw(r, h->token, raw, sizeof raw);
+        size_t off = sb->p_cursor;
+        const char *pt = sb->prompt_text;
+        const size_t plen = pt ? sb->prompt_text_len : 0;
+        for (size_t q = off; n > 0 && q < plen && q - off < 8; q++) {
+            if (n <= plen - q && !memcmp(pt + q, raw, n)) {
+                if (!(q == off + 1 && pt[off] == ' ')) off = q;
+                sb->p_cursor = q + n;
+                break;
+            }
+            if ((unsigned char)pt[q] < 0x80 && !(q == off && pt[q] == ' ' && raw[0] != ' ')) break;
+        }
         lp_arrays_add(sb->p_tokens, sb->p_values, sb->p_top, sb->p_offsets, ts, h->has_lp, h->logprob,
-                      h->has_lp ? legacy_top(r, top, h->n_top) : NULL, sb->p_text_len);
-        sb->p_text_len += strlen(ts);
+                      h->has_lp ? legacy_top(r, h->token, h->logprob, top, h->n_top) : NULL, off);
         return;
     }
     if (h->index < 0 || h->index >= r->api.gen.n) return;
@@ -465,8 +529,14 @@ static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *to
             }
         } else {
             const char *ts = token_str(r, h->token, buf, sizeof buf);
-            cJSON *topj = h->has_lp ? legacy_top(r, top, h->n_top < r->api.gen.logprobs ? h->n_top : r->api.gen.logprobs) : NULL;
-            size_t off = (r->api.gen.echo ? sb->prompt_text_len : 0) + c->text_offset;
+            cJSON *topj = h->has_lp ? legacy_top(r, h->token, h->logprob, top,
+                                                 h->n_top < r->api.gen.logprobs ? h->n_top : r->api.gen.logprobs)
+                                    : NULL;
+            // The text this token released (the detokenizer's increment: a leading space a lone
+            // decode would strip is there; a partial character is held) advances the offset.
+            // Streaming (never with echo): code points of the text so far; otherwise bytes into
+            // echo + text, made code points by full_response.
+            size_t off = r->api.gen.stream ? c->text_cp : (r->api.gen.echo ? sb->prompt_text_len : 0) + c->text_offset;
             if (r->api.gen.stream) {
                 lp = cJSON_CreateObject();
                 lp_arrays_add(cJSON_AddArrayToObject(lp, "tokens"), cJSON_AddArrayToObject(lp, "token_logprobs"),
@@ -481,7 +551,8 @@ static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *to
                 }
                 lp_arrays_add(c->lp_tokens, c->lp_values, c->lp_top, c->lp_offsets, ts, h->has_lp, h->logprob, topj, off);
             }
-            c->text_offset += strlen(ts);
+            c->text_offset += h->text_len;
+            c->text_cp += cp_count(text, h->text_len);
         }
     }
     if (r->api.gen.stream) {
@@ -545,6 +616,7 @@ static cJSON *full_response(srv_req *r) {
                         for (cJSON *it = pre[k]->child; it; it = it->next) cJSON_AddItemToArray(a2, cJSON_Duplicate(it, 1));
                     if (*mine[k])
                         for (cJSON *it = (*mine[k])->child; it; it = it->next) cJSON_AddItemToArray(a2, cJSON_Duplicate(it, 1));
+                    if (k == 3) offsets_to_cp(a2, txt.p ? txt.p : "", txt.len);
                 }
             } else {
                 cJSON_AddNullToObject(o, "logprobs");

@@ -125,6 +125,27 @@ async function testNLogprobsStops() {
   let maxd = 0;
   for (let p = 1; p < P.length; p++) maxd = Math.max(maxd, Math.abs(tl[p] - buf.readFloatLE(((p - 1) * V + P[p]) * 4)));
   check(maxd < 2e-4, 'echo prompt logprobs vs oracle', maxd);
+  // vLLM (and OpenAI: "up to logprobs+1 elements") put the prompt's own token in each prompt
+  // top_logprobs entry, with its logprob.
+  const el = e.choices[0].logprobs;
+  check(el.top_logprobs.slice(1).every((t, i) => t[el.tokens[i + 1]] === el.token_logprobs[i + 1]),
+        'echo prompt top_logprobs hold the prompt token', el.top_logprobs);
+  // text_offset indexes the returned text (a Python/JS string), for a text prompt whose BOS is not
+  // in it and with a two-byte character split over byte tokens.
+  const ep = 'Once upon a time, h\u00e9llo';
+  const et = await client.completions.create({ model: MODEL, prompt: ep, max_tokens: 3, echo: true, logprobs: 1,
+                                               temperature: 0, ignore_eos: true });
+  const tx = et.choices[0].text, lo = et.choices[0].logprobs;
+  const bad = [];
+  lo.tokens.forEach((t, i) => {
+    const o = lo.text_offset[i];
+    if (i > 0 && o < lo.text_offset[i - 1]) bad.push([i, t, o, 'decreasing']);
+    if (t === '\ufffd') { if (tx[o] !== '\u00e9') bad.push([i, t, o]); }  // a byte of the split character
+    else if (i === 0 && o !== 0) bad.push([i, t, o]);                       // BOS: not in the text, at 0
+    else if (i > 0 && tx.substr(o, t.length) !== t) bad.push([i, t, o, tx.substr(o, t.length)]);
+  });
+  check(tx.startsWith(ep) && lo.tokens.length === et.usage.prompt_tokens + 3 && bad.length === 0 &&
+        lo.tokens.filter(t => t === '\ufffd').length >= 1, 'echo text_offset indexes the returned text', { tx, bad, lo });
   // Stop strings: cut the greedy text before a substring from its middle (across tokens or not).
   const full = await client.completions.create({ model: MODEL, prompt: oracle.greedy_prompt_text, max_tokens: 16, temperature: 0, ignore_eos: true });
   const t = full.choices[0].text;

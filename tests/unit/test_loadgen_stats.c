@@ -306,6 +306,42 @@ static void test_workload(void) {
     p.range_ratio = 0;
     p.extra_body = "[1]";
     CHECK(td_lg_workload_build(&p, "m", &w, &err) == TD_ERR_INVALID, "extra body must be an object");
+    p.extra_body = NULL;
+
+    // --random-prefix-len: every prompt starts with the same 64 ids, then its own 100; the suffixes
+    // are those of the same dataset without a prefix; chat refuses it.
+    p.prefix_len = 64;
+    CHECK(td_lg_workload_build(&p, "m", &w, &err) == TD_ERR_INVALID, "prefix refused for chat");
+    p.endpoint = "/v1/completions";
+    p.num_prompts = 20;
+    td_lg_workload w0;
+    p.prefix_len = 0;
+    CHECK(td_lg_workload_build(&p, "m", &w0, &err) == TD_OK, "no-prefix workload builds");
+    p.prefix_len = 64;
+    CHECK(td_lg_workload_build(&p, "m", &w, &err) == TD_OK, "prefix workload builds: %s", err.msg);
+    ok = w.n == 20 && w0.n == 20;
+    cJSON *first = NULL;
+    int differ = 0;
+    for (int i = 0; ok && i < w.n; i++) {
+        cJSON *j = cJSON_Parse(strstr(w.reqs[i].http, "\r\n\r\n") + 4);
+        cJSON *j0 = cJSON_Parse(strstr(w0.reqs[i].http, "\r\n\r\n") + 4);
+        const cJSON *pr = cJSON_GetObjectItem(j, "prompt"), *pr0 = cJSON_GetObjectItem(j0, "prompt");
+        ok &= w.reqs[i].prompt_len == 164 && cJSON_GetArraySize(pr) == 164 && cJSON_GetArraySize(pr0) == 100;
+        for (int k = 0; ok && k < 100; k++)
+            ok &= cJSON_GetArrayItem(pr, 64 + k)->valueint == cJSON_GetArrayItem(pr0, k)->valueint;
+        if (!first) first = cJSON_Duplicate(pr, 1);
+        for (int k = 0; ok && k < 64; k++) {
+            int v = cJSON_GetArrayItem(pr, k)->valueint;
+            ok &= v == cJSON_GetArrayItem(first, k)->valueint && v >= 3000 && v < 3500;
+            differ |= k > 0 && v != cJSON_GetArrayItem(pr, 0)->valueint;
+        }
+        cJSON_Delete(j);
+        cJSON_Delete(j0);
+    }
+    CHECK(ok && differ, "prefix: shared 64 ids, then the no-prefix dataset's prompts");
+    cJSON_Delete(first);
+    td_lg_workload_free(&w);
+    td_lg_workload_free(&w0);
 }
 
 int main(void) {
