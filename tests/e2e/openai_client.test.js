@@ -270,7 +270,7 @@ async function testConcurrency() {
     return text === mockOut(prompt, 0, 150) && fin === 'length';
   };
   const t0 = Date.now();
-  const timer = setTimeout(() => release(), 15000);  // never hang: a missing stream fails below
+  const timer = setTimeout(() => release(), 90000);  // never hang: a missing stream fails below
   const res = await Promise.all(Array.from({ length: N }, (_, i) => one(i).catch(e => { console.error(String(e)); return false; })));
   clearTimeout(timer);
   const ok = res.filter(Boolean).length;

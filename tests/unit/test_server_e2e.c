@@ -123,7 +123,14 @@ int main(int argc, char **argv) {
                           strlen(bodies[k]), bodies[k]);
             CHECK(fds[k] >= 0 && write(fds[k], req, (size_t)rl) == rl, "write3");
         }
-        usleep(50000);
+        // Wait (bounded) until the engine holds both requests, so a loaded machine cannot make
+        // the stop race the submissions.
+        for (int w = 0; w < 500; w++) {
+            td_engine_stats es = {0};
+            eng3.vt->stats(eng3.ctx, &es);
+            if (es.num_running + es.num_waiting >= 2) break;
+            usleep(10000);
+        }
         double t0 = td_now();
         int c3 = td_server_stop(srv3, 10);
         CHECK(c3 == 2 && td_now() - t0 < 3.0, "stop with a stuck engine: cancelled %d in %.2f s", c3, td_now() - t0);
