@@ -203,12 +203,12 @@ int main(void) {
             CHECK(stat_int(o.stats, "ignore_eos") == 20, "A: ignore_eos sent %d", stat_int(o.stats, "ignore_eos"));
             CHECK(stat_int(o.stats, "include_usage") == 20, "A: include_usage %d", stat_int(o.stats, "include_usage"));
             CHECK(stat_int(o.stats, "connections") <= 8, "A: keep-alive: %d connections", stat_int(o.stats, "connections"));
-            CHECK(o.m.ttft.mean > 80 && o.m.ttft.mean < 2000, "A: mean TTFT %.1f ms (mock 100)", o.m.ttft.mean);
-            CHECK(o.m.tpot.mean > 15 && o.m.tpot.mean < 250, "A: mean TPOT %.1f ms (mock 20)", o.m.tpot.mean);
-            CHECK(o.m.itl.median > 10 && o.m.itl.median < 250, "A: median ITL %.1f ms (mock 20)", o.m.itl.median);
-            CHECK(o.m.e2el.mean > 200 && o.m.e2el.mean < 4000, "A: mean E2EL %.1f ms (mock 240)", o.m.e2el.mean);
+            CHECK(o.m.ttft.mean > 80 && o.m.ttft.mean < 6000, "A: mean TTFT %.1f ms (mock 100)", o.m.ttft.mean);
+            CHECK(o.m.tpot.mean > 15 && o.m.tpot.mean < 1000, "A: mean TPOT %.1f ms (mock 20)", o.m.tpot.mean);
+            CHECK(o.m.itl.median > 10 && o.m.itl.median < 1000, "A: median ITL %.1f ms (mock 20)", o.m.itl.median);
+            CHECK(o.m.e2el.mean > 200 && o.m.e2el.mean < 12000, "A: mean E2EL %.1f ms (mock 240)", o.m.e2el.mean);
             // 5 waves of 4 requests of ~240 ms
-            CHECK(o.m.duration > 1.1 && o.m.duration < 20, "A: duration %.3f s", o.m.duration);
+            CHECK(o.m.duration > 1.1 && o.m.duration < 40, "A: duration %.3f s", o.m.duration);
             CHECK(fabs(o.m.request_throughput - 20 / o.m.duration) < 1e-9, "A: request throughput");
             CHECK(fabs(o.m.total_token_throughput - 480 / o.m.duration) < 1e-6, "A: total token throughput");
             CHECK(o.m.max_concurrent_requests >= 3 && o.m.max_concurrent_requests <= 4, "A: peak overlap %d",
@@ -251,7 +251,7 @@ int main(void) {
                 lo = fmin(lo, o.run.res[i].start);
                 hi = fmax(hi, o.run.res[i].start);
             }
-            CHECK(o.m.duration >= 1.0 && o.m.duration < 20, "C: duration %.3f s", o.m.duration);
+            CHECK(o.m.duration >= 1.0 && o.m.duration < 40, "C: duration %.3f s", o.m.duration);
             CHECK(hi - lo > 0.5 && hi - lo < 5, "C: starts spread over %.3f s", hi - lo);
             CHECK(stat_int(o.stats, "max_concurrent") < 20, "C: arrivals spread (peak %d)",
                   stat_int(o.stats, "max_concurrent"));
