@@ -1,4 +1,5 @@
-// The oneDNN sgemm behind train/gemm.h, or a stub when oneDNN is not built in.
+// The oneDNN sgemm behind train/gemm.h. Without oneDNN in the build td_gemm_available() is 0, the
+// trainer refuses --gemm dnnl up front, and td_gemm is never reached (an invariant, asserted).
 #include "train/gemm.h"
 
 #include "base/status.h"
