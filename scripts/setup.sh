@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
-pkgs=(cmake make gcc pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libxxhash-dev zlib1g-dev)
+pkgs=(cmake make gcc pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libxxhash-dev zlib1g-dev libdnnl-dev)
 if [ $want_test = 1 ]; then
   pkgs+=(python3 python3-torch python3-numpy clang libclang-rt-14-dev)
   # Node.js may come from elsewhere than Debian (with npm bundled): only install what is missing.
