@@ -9,37 +9,10 @@
 
 #include "base/file.h"
 #include "model/gguf.h"
+#include "format_samples.h"
 #include "test_util.h"
 
-static char dir[1024];
-
-static char *path_of(const char *name) {
-    static char buf[2048];
-    snprintf(buf, sizeof buf, "%s/%s", dir, name);
-    return buf;
-}
-
 static int str_eq(td_gguf_str s, const char *c) { return s.len == strlen(c) && memcmp(s.ptr, c, s.len) == 0; }
-
-static uint8_t *load(const char *name, size_t *n) {
-    char *buf;
-    td_err err;
-    if (td_read_file(path_of(name), 0, &buf, n, &err)) {
-        fprintf(stderr, "cannot read %s: %s (run tests/reference/make_format_samples.py)\n", name, err.msg);
-        exit(1);
-    }
-    return (uint8_t *)buf;
-}
-
-static int hexval(char c) { return c <= '9' ? c - '0' : c - 'a' + 10; }
-
-static int bytes_eq_hex(const void *p, size_t n, const char *hex) {
-    if (strlen(hex) != 2 * n) return 0;
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++)
-        if (b[i] != (uint8_t)(hexval(hex[2 * i]) * 16 + hexval(hex[2 * i + 1]))) return 0;
-    return 1;
-}
 
 // Opens a mutated buffer and returns its status; message in err.
 static td_status open_buf(const uint8_t *b, size_t n, td_err *err) {
@@ -384,7 +357,7 @@ static void test_mutations(void) {
 }
 
 int main(void) {
-    snprintf(dir, sizeof dir, "%s/formats", td_test_data_dir());
+    fs_init();
     test_meta();
     test_misc_files();
     test_mutations();
