@@ -900,6 +900,8 @@ static enum MHD_Result route_detokenize(srv_req *r, struct MHD_Connection *c) {
     return send_json(r, c, 200, o);
 }
 
+static enum MHD_Result generate_resume(srv_req *r, struct MHD_Connection *c);
+
 // Validates, tokenizes, checks the context and submits. Returns MHD_YES after queueing an error, or
 // with the connection suspended (non-streaming) or a stream response queued.
 static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
@@ -1026,13 +1028,16 @@ static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
         return ret;
     }
     // Non-streaming: wait suspended until every sub is done (see handler re-entry).
+    // The engine may already have pushed events (a fast or rejected request): then there is no
+    // one left to resume a suspended connection, so answer from here instead of suspending.
     pthread_mutex_lock(&r->mu);
-    bool have_done = false;
-    if (!have_done) {
+    bool empty = r->events.len == 0;
+    if (empty) {
         r->suspended = true;
         MHD_suspend_connection(c);
     }
     pthread_mutex_unlock(&r->mu);
+    if (!empty) return generate_resume(r, c);
     return MHD_YES;
 }
 
