@@ -50,6 +50,11 @@ TD_X86_INL void td_x86_prefetch(const char *p, int bytes) {
     for (int o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
 }
 
+// The same with the non-temporal hint (into L1 without displacing L2/L3): for data read once.
+TD_X86_INL void td_x86_prefetch_nta(const char *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_NTA);
+}
+
 // Bytes from a row to the row to prefetch: about TD_X86_PF_BYTES, and at least the next tile's rows.
 static inline size_t td_x86_prefetch_ahead(size_t rb, int nr) {
     const size_t rows = TD_X86_PF_BYTES / rb;

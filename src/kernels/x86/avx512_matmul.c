@@ -19,6 +19,11 @@
 TD_X86_TARGET_BEGIN
 
 enum { MR = TD_X86_MR, MT = TD_X86_MT, DR = TD_X86_DR };
+// Decode tiles of float rows take one row at a time: a single sequential stream that the hardware
+// prefetcher follows, +10-15% tokens/s over 8 interleaved rows on the 110M F32/BF16 models (A/B
+// runs interleaved on one machine). Quantized rows dequantize more per byte and need the 8 rows'
+// independent accumulators to stay ahead of memory.
+enum { DR_FLOAT = 1 };
 #define INL TD_X86_INL
 
 // ---- exact family -------------------------------------------------------------------------------
@@ -89,7 +94,10 @@ TD_UNROLL
     for (int r = 0; r < NR; r++) {
         __m512 w0, w1;
         load_w32(dt, w[r], i, m0, m1, &w0, &w1);
-        td_x86_prefetch((const char *)w[r] + pf + step_bytes(dt, i), (int)step_bytes(dt, 32));
+        if (NT == 1 && NR == 1)  // a single decode stream, read once: keep it out of L2/L3
+            td_x86_prefetch_nta((const char *)w[r] + pf + step_bytes(dt, i), (int)step_bytes(dt, 32));
+        else
+            td_x86_prefetch((const char *)w[r] + pf + step_bytes(dt, i), (int)step_bytes(dt, 32));
 TD_UNROLL
         for (int t = 0; t < NT; t++) {
             acc[r][t] = _mm512_fmadd_ps(w0, x0[t], acc[r][t]);
@@ -119,21 +127,21 @@ TD_UNROLL
         for (int t = 0; t < NT; t++) out[r * NT + t] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-#define EXACT_TILES(name, dt, kc)                                                                \
+#define EXACT_TILES(name, dt, kc, dr)                                                              \
     static void name##_batch(const uint8_t *const *w, const float *const *x, int64_t n, size_t rb, float *o) {   \
         exact_tile(dt, MR, MT, w, x, n, rb, o);                                                     \
     }                                                                                                  \
     static void name##_decode(const uint8_t *const *w, const float *const *x, int64_t n, size_t rb, float *o) {  \
-        exact_tile(dt, DR, 1, w, x, n, rb, o);                                                      \
+        exact_tile(dt, dr, 1, w, x, n, rb, o);                                                      \
     }                                                                                                  \
-    static const td_x86_tiles name##_tiles = {name##_batch, name##_decode, MR, MT, DR, kc};
+    static const td_x86_tiles name##_tiles = {name##_batch, name##_decode, MR, MT, dr, kc};
 // Float rows in 1024-element chunks: the 4 tokens' activations stay in L1 (+25% on F16 rows of 4864);
 // quantized rows are limited by dequantizing, and the chunks' extra reductions cost more than they save.
-EXACT_TILES(f32, TD_F32, 1024)
-EXACT_TILES(f16, TD_F16, 1024)
-EXACT_TILES(bf16, TD_BF16, 1024)
-EXACT_TILES(q8, TD_Q8_0, 0)
-EXACT_TILES(q4, TD_Q4_0, 0)
+EXACT_TILES(f32, TD_F32, 1024, DR_FLOAT)
+EXACT_TILES(f16, TD_F16, 1024, DR_FLOAT)
+EXACT_TILES(bf16, TD_BF16, 1024, DR_FLOAT)
+EXACT_TILES(q8, TD_Q8_0, 0, DR)
+EXACT_TILES(q4, TD_Q4_0, 0, DR)
 
 static const td_x86_tiles *const exact_tiles[TD_DTYPE_COUNT] = {
     [TD_F32] = &f32_tiles, [TD_F16] = &f16_tiles, [TD_BF16] = &bf16_tiles, [TD_Q8_0] = &q8_tiles, [TD_Q4_0] = &q4_tiles,
