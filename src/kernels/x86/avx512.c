@@ -169,9 +169,9 @@ static inline __attribute__((always_inline)) void attend_regs(const td_attention
 // 64 and 128 (the common ones) keep q and the output in registers.
 static void attention(const td_attention_args *a, int ith, int nth) {
     if (a->head_dim == 64 || a->head_dim == 128) {
-        long lo, hi;
-        td_split((long)a->n_tok * a->n_heads, ith, nth, &lo, &hi);
-        for (long w = lo; w < hi; w++) {
+        // Work items (token, head) dealt round-robin: a causal prompt's later tokens see more keys,
+        // so contiguous halves would leave the first thread idle for most of a prefill.
+        for (long w = ith; w < (long)a->n_tok * a->n_heads; w += nth) {
             if (a->head_dim == 64)
                 attend_regs(a, (int)(w / a->n_heads), (int)(w % a->n_heads), 4);
             else
@@ -181,9 +181,7 @@ static void attention(const td_attention_args *a, int ith, int nth) {
     }
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
     float o[TD_ATTN_MAX_HEAD_DIM] __attribute__((aligned(64))), s[ATTN_TILE] __attribute__((aligned(64)));
-    long lo, hi;
-    td_split((long)a->n_tok * a->n_heads, ith, nth, &lo, &hi);
-    for (long w = lo; w < hi; w++) {
+    for (long w = ith; w < (long)a->n_tok * a->n_heads; w += nth) {  // round-robin, as above
         const int t = (int)(w / a->n_heads), h = (int)(w % a->n_heads);
         const int seq = a->seq_id[t], n_keys = a->pos[t] + 1;
         const size_t koff = (size_t)(h / group) * hd;

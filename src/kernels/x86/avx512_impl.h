@@ -40,6 +40,56 @@ static inline __m512 td_x86_bf16x16(__m256i h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+// Horizontal sums in one fixed tree, so that a sum is bit-identical whichever helper computes it:
+// s8[i] = v[i] + v[i+8], s4[i] = s8[i] + s8[i+4], s2[i] = s4[i] + s4[i+2], sum = s2[0] + s2[1].
+// (_mm512_reduce_add_ps uses another tree; the tiles must not mix the two.)
+static inline float td_x86_hsum(__m512 v) {
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// out[k] = td_x86_hsum(v[k]) for k < n (n <= 16), bit for bit, as a transposed tree: each step
+// adds the same lanes as td_x86_hsum's, for two to four vectors per instruction (~3 instructions
+// per vector instead of ~8).
+static inline __attribute__((always_inline)) void td_x86_hsum_n(const __m512 *v, int n, float *out) {
+    const __m512 z = _mm512_setzero_ps();
+    __m512 a[8], b[4], c[2];
+    _Pragma("GCC unroll 8") for (int k = 0; k < (n + 1) / 2; k++) {  // [A s8 | B s8]
+        const __m512 x = v[2 * k], y = 2 * k + 1 < n ? v[2 * k + 1] : z;
+        a[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+    }
+    const int na = (n + 1) / 2, nb = (na + 1) / 2, nc = (nb + 1) / 2;
+    _Pragma("GCC unroll 4") for (int k = 0; k < nb; k++) {  // [A s4 | B s4 | C s4 | D s4]
+        const __m512 x = a[2 * k], y = 2 * k + 1 < na ? a[2 * k + 1] : z;
+        b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+    }
+    _Pragma("GCC unroll 2") for (int k = 0; k < nc; k++) {  // quarter j: [s2 of vector 4k'+j (2 lanes), s2 of 4k'+4+j]
+        const __m512 x = b[2 * k], y = 2 * k + 1 < nb ? b[2 * k + 1] : z;
+        c[k] = _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xEE));
+    }
+    const __m512 x = c[0], y = nc > 1 ? c[1] : z;  // lane 4j + m holds vector 4m + j
+    float r[16] __attribute__((aligned(64)));
+    _mm512_store_ps(r, _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x88), _mm512_shuffle_ps(x, y, 0xDD)));
+    _Pragma("GCC unroll 16") for (int k = 0; k < n; k++) out[k] = r[4 * (k & 3) + (k >> 2)];
+}
+
+// The sums of a tile's accumulators acc[r * ld + t] into out[r * nt + t], every one by td_x86_hsum's
+// tree; nr * nt <= 32.
+static inline __attribute__((always_inline)) void td_x86_hsum_tile(const __m512 *acc, int ld, int nr, int nt,
+                                                                  float *out) {
+    if (nr * nt == 1) {
+        *out = td_x86_hsum(acc[0]);
+        return;
+    }
+    __m512 v[32];
+    _Pragma("GCC unroll 16") for (int r = 0; r < nr; r++)
+        _Pragma("GCC unroll 16") for (int t = 0; t < nt; t++) v[r * nt + t] = acc[r * ld + t];
+    td_x86_hsum_n(v, nr * nt < 16 ? nr * nt : 16, out);
+    if (nr * nt > 16) td_x86_hsum_n(v + 16, nr * nt - 16, out + 16);
+}
+
 // Mask of the first n (0..16) lanes; n <= 0 gives none.
 static inline __mmask16 td_x86_mask16(int64_t n) {
     return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);

@@ -17,54 +17,109 @@
 TD_X86_TARGET_INT8_BEGIN
 
 enum {
-    MR = TD_X86_MR, MT = TD_X86_MT, DR = TD_X86_DR,
+    // (tile sizes: see BF_* and I8_* below)
     L2_BLOCK = 256 * 1024,  // bytes of weight rows kept hot while every token tile passes over them
 };
 #define INL TD_X86_INL
 
 // ---- bf16 x bf16 (vdpbf16ps) --------------------------------------------------------------------
 
-// One 32-element step: 32 bf16 weights per instruction against the activations rounded to bf16.
-INL void bf16dp_step(int NR, int NT, const uint8_t *const *w, const float *const *x, int64_t i, __mmask16 m0,
-                     __mmask16 m1, size_t pf, __m512 acc[DR][MT]) {
-    __m512bh xb[MT];
-TD_UNROLL
-    for (int t = 0; t < NT; t++)
-        xb[t] = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, x[t] + i + 16), _mm512_maskz_loadu_ps(m0, x[t] + i));
-    const __mmask32 m = (__mmask32)m0 | ((__mmask32)m1 << 16);
-TD_UNROLL
-    for (int r = 0; r < NR; r++) {
-        const __m512bh wb = (__m512bh)_mm512_maskz_loadu_epi16(m, (const uint16_t *)w[r] + i);
-        td_x86_prefetch((const char *)w[r] + pf + 2 * i, 64);
-TD_UNROLL
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wb, xb[t]);
-    }
-}
+// Activations are rounded to bf16 (round to nearest even) once per token tile and chunk, into a
+// stack buffer padded with zeros to whole 32-element steps; then every (row, token) pair takes one
+// vdpbf16ps per 32 elements into its own accumulator, in element order, and td_x86_hsum's tree.
+enum {
+    BF_BR = 4, BF_BT = 4,  // prefill tile: 16 accumulators, 8 loads per 16 vdpbf16ps (4x6, 6x4, 5x5, 3x8: no faster)
+    BF_DR = 1,             // decode: one row, one sequential stream (as the exact float rows)
+    BF_KC = 1024,          // elements per chunk: BF_BT tokens' bf16 activations stay in L1 (12 KiB)
+};
 
-// out[r * NT + t] = dot(w[r], bf16(x[t])) (a td_x86_tile_fn), masked tail as the exact tile.
-INL void bf16dp_tile(int NR, int NT, const uint8_t *const *w, const float *const *x, int64_t n, size_t rb, float *out) {
-    const size_t pf = td_x86_prefetch_ahead(rb, NR);
-    __m512 acc[DR][MT];
+// out[r * NT + t] = sum over [0, n) of w[r][i] * xb[t][i] (xb zero-padded to a multiple of 32);
+// pf: bytes ahead to prefetch each row (0: none; rows already in L2).
+INL void bf16x_tile(int NR, int NT, const uint8_t *const *w, const uint16_t *const *xb, int64_t n, size_t pf,
+                    float *out) {
+    __m512 acc[BF_BR][BF_BT];
 TD_UNROLL
     for (int r = 0; r < NR; r++)
 TD_UNROLL
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
-    const int64_t n32 = n & ~(int64_t)31;
-    for (int64_t i = 0; i < n32; i += 32) bf16dp_step(NR, NT, w, x, i, 0xffff, 0xffff, pf, acc);
-    if (n32 < n) bf16dp_step(NR, NT, w, x, n32, td_x86_mask16(n - n32), td_x86_mask16(n - n32 - 16), pf, acc);
+    for (int64_t i = 0; i < n; i += 32) {
+        const __mmask32 m = n - i >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (n - i)) - 1);
+        __m512bh xv[BF_BT];
 TD_UNROLL
-    for (int r = 0; r < NR; r++)
+        for (int t = 0; t < NT; t++) xv[t] = (__m512bh)_mm512_load_si512(xb[t] + i);
 TD_UNROLL
-        for (int t = 0; t < NT; t++) out[r * NT + t] = _mm512_reduce_add_ps(acc[r][t]);
+        for (int r = 0; r < NR; r++) {
+            const __m512bh wb = (__m512bh)_mm512_maskz_loadu_epi16(m, (const uint16_t *)w[r] + i);
+            if (pf) {
+                if (NT == 1)
+                    td_x86_prefetch_nta((const char *)w[r] + pf + 2 * i, 64);
+                else
+                    td_x86_prefetch((const char *)w[r] + pf + 2 * i, 64);
+            }
+TD_UNROLL
+            for (int t = 0; t < NT; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wb, xv[t]);
+        }
+    }
+    td_x86_hsum_tile(&acc[0][0], BF_BT, NR, NT, out);
 }
 
-static void bf16dp_batch(const uint8_t *const *w, const float *const *x, int64_t n, size_t rb, float *o) {
-    bf16dp_tile(MR, MT, w, x, n, rb, o);
+// Rounds x[0, n) to bf16 into xb, zero-padded to the next multiple of 32.
+static void to_bf16_padded(const float *x, int64_t n, uint16_t *xb) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm256_store_si256((__m256i *)(xb + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+    const int64_t n32 = (n + 31) & ~(int64_t)31;
+    for (; i < n32; i += 16) {
+        const __mmask16 m = td_x86_mask16(n - i);
+        _mm256_store_si256((__m256i *)(xb + i), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i)));
+    }
 }
-static void bf16dp_decode(const uint8_t *const *w, const float *const *x, int64_t n, size_t rb, float *o) {
-    bf16dp_tile(DR, 1, w, x, n, rb, o);
+
+// y = bf16(x) W^T (+ bias) for this slice of rows: L2 blocks of rows x token tiles x chunks x
+// row tiles, as td_x86_run_tiles; a chunk's sums are added to y in chunk order for every batch.
+INL void bf16x_matmul(int NR, int NT, const td_matmul_args *a, int ith, int nth) {
+    const td_tensor *w = a->w;
+    const int64_t n_out = w->ne[0], n_in = w->ne[1];
+    const size_t rb = (size_t)n_in * 2;
+    long lo, hi;
+    td_split((long)n_out, ith, nth, &lo, &hi);
+    long block = (long)(L2_BLOCK / rb) / NR * NR;
+    if (block < NR) block = NR;
+    if (a->n_tok <= NT) block = hi - lo;
+    const size_t pf_ahead = td_x86_prefetch_ahead(rb, NR);
+    uint16_t xbuf[BF_BT][BF_KC] __attribute__((aligned(64)));
+    for (long b0 = lo; b0 < hi; b0 += block) {
+        const long b1 = hi - b0 < block ? hi : b0 + block;
+        for (int t0 = 0; t0 < a->n_tok; t0 += NT) {
+            const int ntv = a->n_tok - t0 < NT ? a->n_tok - t0 : NT;
+            const size_t pf = t0 == 0 ? pf_ahead : 0;  // later token tiles find the block in L2
+            for (int64_t c0 = 0; c0 < n_in; c0 += BF_KC) {
+                const int64_t nc = n_in - c0 < BF_KC ? n_in - c0 : BF_KC;
+                const uint16_t *xb[BF_BT];
+                for (int t = 0; t < NT; t++) {
+                    if (t < ntv) to_bf16_padded(a->x + (size_t)(t0 + t) * n_in + c0, nc, xbuf[t]);
+                    xb[t] = xbuf[t < ntv ? t : ntv - 1];
+                }
+                for (long r0 = b0; r0 < b1; r0 += NR) {
+                    const int nrv = b1 - r0 < NR ? (int)(b1 - r0) : NR;
+                    const uint8_t *wr[BF_BR];
+                    for (int r = 0; r < NR; r++)
+                        wr[r] = (const uint8_t *)w->data + (size_t)(r0 + (r < nrv ? r : nrv - 1)) * rb + (size_t)c0 * 2;
+                    float sums[BF_BR * BF_BT];
+                    bf16x_tile(NR, NT, wr, xb, nc, pf, sums);
+                    for (int r = 0; r < nrv; r++)
+                        for (int t = 0; t < ntv; t++) {
+                            float *y = &a->y[(size_t)(t0 + t) * n_out + r0 + r];
+                            const float s = sums[r * NT + t];
+                            *y = c0 ? *y + s : (a->bias ? a->bias[r0 + r] : 0.0f) + s;
+                        }
+                }
+            }
+        }
+    }
 }
-static const td_x86_tiles bf16dp_tiles = {bf16dp_batch, bf16dp_decode, MR, MT, DR, 1024};
+
+static void bf16x_prefill(const td_matmul_args *a, int ith, int nth) { bf16x_matmul(BF_BR, BF_BT, a, ith, nth); }
+static void bf16x_decode(const td_matmul_args *a, int ith, int nth) { bf16x_matmul(BF_DR, 1, a, ith, nth); }
 
 // ---- int8 family (Q8_0, Q4_0 weights) ----------------------------------------------------------
 
@@ -81,7 +136,12 @@ typedef struct {
     int32_t off[16];
 } xpair;
 
-enum { CHUNK_PAIRS = 32 };  // 2048 activation elements quantized per token at a time (stack)
+enum { CHUNK_PAIRS = 32 };
+#ifndef I8_PR
+#define I8_PR 4
+#define I8_PT 4
+#endif
+enum { I8_DR = 8, I8_BR = I8_PR > I8_DR ? I8_PR : I8_DR, I8_BT = I8_PT };  // prefill tile I8_PR x I8_PT, decode I8_DR x 1  // 2048 activation elements quantized per token at a time (stack)
 
 // Quantizes `np` pairs of one token's activations (elements from x, n_blocks blocks left in the row).
 static void quantize_pairs(const float *x, int64_t n_blocks, int np, int q4, xpair *out) {
@@ -148,10 +208,11 @@ INL void load_wpair(int q4, const uint8_t *row, int64_t blk, int64_t n_blocks, _
 }
 
 // acc[r][t] += sum over the chunk's pairs of (int dot + off) * dw * dx, per lane, in pair order.
+// pf: bytes ahead to prefetch each row (0: none, the rows are in L2 already).
 INL void int8_tile(int q4, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0,
-                   int np, int64_t n_blocks, size_t pf, __m512 acc[DR][MT]) {
+                   int np, int64_t n_blocks, size_t pf, __m512 acc[I8_BR][I8_BT]) {
     for (int p = 0; p < np; p++) {
-        __m512i xq[MT];
+        __m512i xq[I8_BT];
 TD_UNROLL
         for (int t = 0; t < NT; t++) xq[t] = _mm512_loadu_si512(x[t][p].q);
 TD_UNROLL
@@ -159,7 +220,7 @@ TD_UNROLL
             __m512i wq;
             __m512 wd;
             load_wpair(q4, w[r], blk0 + 2 * p, n_blocks, &wq, &wd);
-            td_x86_prefetch((const char *)w[r] + pf + (blk0 + 2 * p) * (q4 ? 18 : 34), q4 ? 36 : 68);
+            if (pf) td_x86_prefetch((const char *)w[r] + pf + (blk0 + 2 * p) * (q4 ? 18 : 34), q4 ? 36 : 68);
 TD_UNROLL
             for (int t = 0; t < NT; t++) {
                 const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(x[t][p].off), wq, xq[t]);
@@ -178,14 +239,15 @@ INL void int8_matmul(int q4, int NR, int NT, const td_matmul_args *a, int ith, i
     long block = (long)(L2_BLOCK / rb) / NR * NR;
     if (block < NR) block = NR;
     if (a->n_tok <= NT) block = hi - lo;
-    xpair xbuf[MT][CHUNK_PAIRS];
+    xpair xbuf[I8_BT][CHUNK_PAIRS];
+    const size_t pf_ahead = td_x86_prefetch_ahead(rb, NR);
     for (long b0 = lo; b0 < hi; b0 += block) {
         const long b1 = hi - b0 < block ? hi : b0 + block;
         for (int t0 = 0; t0 < a->n_tok; t0 += NT) {
             const int ntv = a->n_tok - t0 < NT ? a->n_tok - t0 : NT;
             for (int64_t p0 = 0; p0 < n_pairs; p0 += CHUNK_PAIRS) {
                 const int np = n_pairs - p0 < CHUNK_PAIRS ? (int)(n_pairs - p0) : CHUNK_PAIRS;
-                const xpair *x[MT];
+                const xpair *x[I8_BT];
                 for (int t = 0; t < NT; t++) {
                     if (t < ntv)
                         quantize_pairs(a->x + (size_t)(t0 + t) * n_in + p0 * 64, n_blocks - 2 * p0, np, q4, xbuf[t]);
@@ -193,19 +255,21 @@ INL void int8_matmul(int q4, int NR, int NT, const td_matmul_args *a, int ith, i
                 }
                 for (long r0 = b0; r0 < b1; r0 += NR) {
                     const int nrv = b1 - r0 < NR ? (int)(b1 - r0) : NR;
-                    const uint8_t *wr[DR];
+                    const uint8_t *wr[I8_DR > I8_BR ? I8_DR : I8_BR];
                     for (int r = 0; r < NR; r++)
                         wr[r] = (const uint8_t *)w->data + (size_t)(r0 + (r < nrv ? r : nrv - 1)) * rb;
-                    __m512 acc[DR][MT];
+                    __m512 acc[I8_BR][I8_BT];
 TD_UNROLL
                     for (int r = 0; r < NR; r++)
 TD_UNROLL
                         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
-                    int8_tile(q4, NR, NT, wr, x, 2 * p0, np, n_blocks, td_x86_prefetch_ahead(rb, NR), acc);
+                    int8_tile(q4, NR, NT, wr, x, 2 * p0, np, n_blocks, NT == 1 || t0 == 0 ? pf_ahead : 0, acc);
+                    float sums[I8_BR * I8_BT];
+                    td_x86_hsum_tile(&acc[0][0], I8_BT, NR, NT, sums);
                     for (int r = 0; r < nrv; r++)
                         for (int t = 0; t < ntv; t++) {
                             float *y = &a->y[(size_t)(t0 + t) * n_out + r0 + r];
-                            const float s = _mm512_reduce_add_ps(acc[r][t]);
+                            const float s = sums[r * NT + t];
                             *y = p0 ? *y + s : (a->bias ? a->bias[r0 + r] : 0.0f) + s;
                         }
                 }
@@ -214,17 +278,17 @@ TD_UNROLL
     }
 }
 
-static void q8_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_matmul(0, MR, MT, a, ith, nth); }
-static void q8_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(0, DR, 1, a, ith, nth); }
-static void q4_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, MR, MT, a, ith, nth); }
-static void q4_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, DR, 1, a, ith, nth); }
+static void q8_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_matmul(0, I8_PR, I8_PT, a, ith, nth); }
+static void q8_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(0, I8_DR, 1, a, ith, nth); }
+static void q4_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, I8_PR, I8_PT, a, ith, nth); }
+static void q4_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, I8_DR, 1, a, ith, nth); }
 
 void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth) {
     const int decode = a->n_tok == 1;
     switch (a->w->type) {
     case TD_Q8_0: (decode ? q8_int8_decode : q8_int8_prefill)(a, ith, nth); break;
     case TD_Q4_0: (decode ? q4_int8_decode : q4_int8_prefill)(a, ith, nth); break;
-    case TD_BF16: td_x86_run_tiles(a, ith, nth, &bf16dp_tiles); break;
+    case TD_BF16: (decode ? bf16x_decode : bf16x_prefill)(a, ith, nth); break;
     default: td_avx512_matmul(a, ith, nth); break;
     }
 }

@@ -121,10 +121,7 @@ TD_UNROLL
         const int rem = (int)(n_in - n32);
         exact_step(dt, NR, NT, w, x, n32, td_x86_mask16(rem), td_x86_mask16(rem - 16), pf, acc);
     }
-TD_UNROLL
-    for (int r = 0; r < NR; r++)
-TD_UNROLL
-        for (int t = 0; t < NT; t++) out[r * NT + t] = _mm512_reduce_add_ps(acc[r][t]);
+    td_x86_hsum_tile(&acc[0][0], MT, NR, NT, out);
 }
 
 #define EXACT_TILES(name, dt, kc, dr)                                                              \
