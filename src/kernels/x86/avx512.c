@@ -116,66 +116,140 @@ static inline float dot(const float *a, const float *b, int n) {
     return _mm512_reduce_add_ps(acc);
 }
 
-// One (token, head) work item with head_dim = 16 NV: q and the output accumulator live in NV
-// registers each; otherwise the same online softmax as the generic loop below.
-static inline __attribute__((always_inline)) void attend_regs(const td_attention_args *a, int t, int h, const int NV) {
-    const int hd = 16 * NV, group = a->n_heads / a->n_kv_heads;
-    const int seq = a->seq_id[t], n_keys = a->pos[t] + 1;
-    const size_t koff = (size_t)(h / group) * hd;
-    const float *qp = a->q + ((size_t)t * a->n_heads + h) * hd;
-    __m512 q[8], o[8];
+// One query's online-softmax state between key tiles.
+typedef struct {
+    __m512 o[8];
+    float m, l;
+} attn_state;
+
+// One key tile [j0, j0 + nj) for one query (q in NV registers): scores 16 keys at a time (16
+// lane-wise products summed by one transposed tree, per key td_x86_hsum's), then the rescale,
+// exps and the weighted sum of values, as the reference's tile.
+static inline __attribute__((always_inline)) void attend_tile(const td_attention_args *a, const __m512 *q, int seq,
+                                                              size_t koff, int j0, int nj, attn_state *st, const int NV) {
     float s[ATTN_TILE] __attribute__((aligned(64)));
+    __m512 o[8];
     TD_UNROLL
-    for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qp + 16 * v), o[v] = _mm512_setzero_ps();
-    float m = -INFINITY, l = 0.0f;
-    for (int j0 = 0; j0 < n_keys; j0 += ATTN_TILE) {
-        const int nj = n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE;
-        float mt = -INFINITY;
-        for (int j = 0; j < nj; j++) {
-            const float *k = td_kv_k_row(a->kv, seq, j0 + j) + koff;
-            __m512 d = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+    for (int v = 0; v < NV; v++) o[v] = st->o[v];
+    __m512 mtv = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < nj; j += 16) {
+        const int nk = nj - j < 16 ? nj - j : 16;
+        __m512 d[16];
+        for (int u = 0; u < nk; u++) {
+            const float *k = td_kv_k_row(a->kv, seq, j0 + j + u) + koff;
+            __m512 x = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
             TD_UNROLL
-            for (int v = 1; v < NV; v++) d = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), d);
-            s[j] = _mm512_reduce_add_ps(d) * a->scale;
-            if (s[j] > mt) mt = s[j];
+            for (int v = 1; v < NV; v++) x = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), x);
+            d[u] = x;
         }
-        if (mt > m) {
-            const __m512 c = _mm512_set1_ps(expf(m - mt));
-            l *= expf(m - mt);
-            TD_UNROLL
-            for (int v = 0; v < NV; v++) o[v] = _mm512_mul_ps(o[v], c);
-            m = mt;
-        }
-        for (int j = 0; j < nj; j += 16) {
-            const __mmask16 mk = td_x86_mask16(nj - j);
-            const __m512 e = td_x86_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), _mm512_set1_ps(m)));
-            _mm512_mask_storeu_ps(s + j, mk, e);
-        }
-        for (int j = 0; j < nj; j++) {
-            const float *vr = td_kv_v_row(a->kv, seq, j0 + j) + koff;
-            const __m512 e = _mm512_set1_ps(s[j]);
-            l += s[j];
-            TD_UNROLL
-            for (int v = 0; v < NV; v++) o[v] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * v), o[v]);
+        if (nk == 16)
+            td_x86_hsum_n(d, 16, s + j);
+        else
+            for (int u = 0; u < nk; u++) s[j + u] = td_x86_hsum(d[u]);
+        const __mmask16 mk = td_x86_mask16(nk);
+        const __m512 sv = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, s + j), _mm512_set1_ps(a->scale));
+        _mm512_mask_storeu_ps(s + j, mk, sv);
+        mtv = _mm512_mask_max_ps(mtv, mk, mtv, sv);
+    }
+    const float mt = _mm512_reduce_max_ps(mtv);
+    if (mt > st->m) {
+        const __m512 c = _mm512_set1_ps(expf(st->m - mt));
+        st->l *= expf(st->m - mt);
+        TD_UNROLL
+        for (int v = 0; v < NV; v++) o[v] = _mm512_mul_ps(o[v], c);
+        st->m = mt;
+    }
+    for (int j = 0; j < nj; j += 16) {
+        const __mmask16 mk = td_x86_mask16(nj - j);
+        const __m512 e = td_x86_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), _mm512_set1_ps(st->m)));
+        _mm512_mask_storeu_ps(s + j, mk, e);
+    }
+    // Weighted values into two accumulator sets (even and odd keys), so consecutive FMAs do not
+    // wait on each other; added at the end of the tile.
+    float l = st->l;
+    __m512 o2[8];
+    TD_UNROLL
+    for (int v = 0; v < NV; v++) o2[v] = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 1 < nj; j += 2) {
+        const float *v0 = td_kv_v_row(a->kv, seq, j0 + j) + koff, *v1 = td_kv_v_row(a->kv, seq, j0 + j + 1) + koff;
+        const __m512 e0 = _mm512_set1_ps(s[j]), e1 = _mm512_set1_ps(s[j + 1]);
+        l += s[j];
+        l += s[j + 1];
+        TD_UNROLL
+        for (int v = 0; v < NV; v++) {
+            o[v] = _mm512_fmadd_ps(e0, _mm512_loadu_ps(v0 + 16 * v), o[v]);
+            o2[v] = _mm512_fmadd_ps(e1, _mm512_loadu_ps(v1 + 16 * v), o2[v]);
         }
     }
-    float *out = a->out + ((size_t)t * a->n_heads + h) * hd;
-    const __m512 il = _mm512_set1_ps(1.0f / l);
+    if (j < nj) {
+        const float *v0 = td_kv_v_row(a->kv, seq, j0 + j) + koff;
+        const __m512 e0 = _mm512_set1_ps(s[j]);
+        l += s[j];
+        TD_UNROLL
+        for (int v = 0; v < NV; v++) o[v] = _mm512_fmadd_ps(e0, _mm512_loadu_ps(v0 + 16 * v), o[v]);
+    }
     TD_UNROLL
-    for (int v = 0; v < NV; v++) _mm512_storeu_ps(out + 16 * v, _mm512_mul_ps(o[v], il));
+    for (int v = 0; v < NV; v++) o[v] = _mm512_add_ps(o[v], o2[v]);
+    st->l = l;
+    TD_UNROLL
+    for (int v = 0; v < NV; v++) st->o[v] = o[v];
+}
+
+enum { ATTN_RUN = 8 };  // queries of one sequence that share each key tile while it is in L1
+
+// A run of nq <= ATTN_RUN tokens t0.. of one sequence at consecutive positions, one head, head_dim
+// 16 NV. Each key tile is read from memory once for the whole run (a prompt's K/V per layer is
+// megabytes: one query at a time streamed it from L3 per query); every query's own arithmetic is
+// exactly the single-query loop's, so outputs do not depend on how tokens are grouped.
+static inline __attribute__((always_inline)) void attend_run(const td_attention_args *a, int t0, int nq, int h,
+                                                             const int NV) {
+    const int hd = 16 * NV, group = a->n_heads / a->n_kv_heads, seq = a->seq_id[t0];
+    const size_t koff = (size_t)(h / group) * hd;
+    attn_state st[ATTN_RUN];
+    for (int i = 0; i < nq; i++) {
+        TD_UNROLL
+        for (int v = 0; v < NV; v++) st[i].o[v] = _mm512_setzero_ps();
+        st[i].m = -INFINITY, st[i].l = 0.0f;
+    }
+    const int max_keys = a->pos[t0 + nq - 1] + 1;
+    for (int j0 = 0; j0 < max_keys; j0 += ATTN_TILE)
+        for (int i = 0; i < nq; i++) {
+            const int n_keys = a->pos[t0 + i] + 1;
+            if (j0 >= n_keys) continue;
+            const float *qp = a->q + ((size_t)(t0 + i) * a->n_heads + h) * hd;
+            __m512 q[8];
+            TD_UNROLL
+            for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qp + 16 * v);
+            attend_tile(a, q, seq, koff, j0, n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE, &st[i], NV);
+        }
+    for (int i = 0; i < nq; i++) {
+        float *out = a->out + ((size_t)(t0 + i) * a->n_heads + h) * hd;
+        const __m512 il = _mm512_set1_ps(1.0f / st[i].l);
+        TD_UNROLL
+        for (int v = 0; v < NV; v++) _mm512_storeu_ps(out + 16 * v, _mm512_mul_ps(st[i].o[v], il));
+    }
 }
 
 // The reference's online softmax over tiles of keys, with vector dots, exps and axpys; head_dim
 // 64 and 128 (the common ones) keep q and the output in registers.
 static void attention(const td_attention_args *a, int ith, int nth) {
     if (a->head_dim == 64 || a->head_dim == 128) {
-        // Work items (token, head) dealt round-robin: a causal prompt's later tokens see more keys,
+        // Work items (run, head) dealt round-robin: a causal prompt's later tokens see more keys,
         // so contiguous halves would leave the first thread idle for most of a prefill.
-        for (long w = ith; w < (long)a->n_tok * a->n_heads; w += nth) {
-            if (a->head_dim == 64)
-                attend_regs(a, (int)(w / a->n_heads), (int)(w % a->n_heads), 4);
-            else
-                attend_regs(a, (int)(w / a->n_heads), (int)(w % a->n_heads), 8);
+        long w = 0;
+        for (int t0 = 0, nq; t0 < a->n_tok; t0 += nq) {
+            for (nq = 1; nq < ATTN_RUN && t0 + nq < a->n_tok && a->seq_id[t0 + nq] == a->seq_id[t0] &&
+                         a->pos[t0 + nq] == a->pos[t0] + nq;
+                 nq++) {
+            }
+            for (int h = 0; h < a->n_heads; h++, w++) {
+                if (w % nth != ith) continue;
+                if (a->head_dim == 64)
+                    attend_run(a, t0, nq, h, 4);
+                else
+                    attend_run(a, t0, nq, h, 8);
+            }
         }
         return;
     }
