@@ -9,7 +9,7 @@
 # time.process_time()), and reports tokens/s by wall clock and "CPU-normalized" tokens/s = tokens /
 # (CPU seconds / 2), what two cores of its own would give; MFU = tokens/s * (6 N + 12 L D T) / peak,
 # N the parameters (tied: the head counted once, the embedding lookup is free), peak from
-# bench_train_peak (AVX-512 FMA / BF16 dot products on 2 threads, by CPU clock).
+# `tandem bench ceilings` (AVX-512 FMA and BF16 dot-product peaks on THREADS threads, wall clock).
 # Usage: bench/bench_train.sh [build-dir=build]   (env: SIZES="30m 124m", ROUNDS_30M=2,
 #        ROUNDS_124M=1, STEPS_30M=2, STEPS_124M=1, WARMUP=1, DNNL=1, OUT=.cache/bench_train)
 # Not a test: figures depend on the machine and its load.
@@ -17,7 +17,7 @@ set -euo pipefail
 BUILD=${1:-build}
 OUT=${OUT:-.cache/bench_train}
 mkdir -p "$OUT"
-for b in tandem bench_train_data bench_train_peak; do
+for b in tandem bench_train_data; do
     [ -x "$BUILD/$b" ] || { echo "bench_train.sh: $BUILD/$b missing (build first)" >&2; exit 1; }
 done
 [ -f "$OUT/rand32k.tdsh" ] || "$BUILD/bench_train_data" "$OUT/rand32k.tdsh" 32000 200000
@@ -98,8 +98,8 @@ def run_torch(shape, steps, prec):
                 loss=r["loss"], cmd=" ".join(cmd), torch=r["torch"])
 
 
-peak = json.loads(subprocess.run([f"{BUILD}/bench_train_peak", str(THREADS)], check=True,
-                                 capture_output=True, text=True).stdout)
+peak = json.loads(subprocess.run([f"{BUILD}/tandem", "bench", "ceilings", "-t", str(THREADS), "--json"],
+                                 check=True, capture_output=True, text=True).stdout)["ceilings"]
 print("peak:", json.dumps(peak), flush=True)
 stamp = datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%MZ")
 res_path = f"{OUT}/results-{stamp}.jsonl"
@@ -121,8 +121,8 @@ for size in os.environ.get("SIZES", "30m 124m").split():
             r.update(size=size, round=rnd, side=side, precision=prec, gemm=gemm, load=load,
                      tok_s_wall=tok / r["wall_s"], tok_s_cpu=tok / (r["cpu_s"] / THREADS),
                      flops_per_token=fpt)
-            r["mfu_wall"] = r["tok_s_wall"] * fpt / (peak["fp32_fma_gflops_cpu"] * 1e9)
-            r["mfu_cpu"] = r["tok_s_cpu"] * fpt / (peak["fp32_fma_gflops_cpu"] * 1e9)
+            r["mfu_wall"] = r["tok_s_wall"] * fpt / (peak["fma_gflops"] * 1e9)
+            r["mfu_cpu"] = r["tok_s_cpu"] * fpt / (peak["fma_gflops"] * 1e9)
             rows.append(r)
             with open(res_path, "a") as f:
                 f.write(json.dumps(r) + "\n")

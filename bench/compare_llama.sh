@@ -62,7 +62,12 @@ echo "compare_llama: $(date -u '+%Y-%m-%d %H:%M UTC'), output in $OUT_DIR" | tee
 C=$(ceilings 0)
 GBS=$(echo "$C" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["ceilings"]["read_gbs"])')
 GFL=$(echo "$C" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["ceilings"]["fma_gflops"])')
-echo "ceilings (tandem bench ceilings -t $THREADS): $GBS GB/s read, $GFL GFLOP/s FP32 FMA" | tee -a "$LOG"
+I8=$(echo "$C" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["ceilings"].get("int8_giops", 0))')
+BF=$(echo "$C" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["ceilings"].get("bf16_gflops", 0))')
+echo "ceilings (tandem bench ceilings -t $THREADS): $GBS GB/s read, $GFL GFLOP/s FP32 FMA, $I8 GOP/s int8, $BF GFLOP/s BF16" | tee -a "$LOG"
+CEIL_FLAGS="--ceil-gbs $GBS --ceil-gflops $GFL"
+[ "$I8" != 0 ] && CEIL_FLAGS="$CEIL_FLAGS --ceil-int8-giops $I8"
+[ "$BF" != 0 ] && CEIL_FLAGS="$CEIL_FLAGS --ceil-bf16-gflops $BF"
 
 for model in "${MODELS[@]}"; do
     for round in $(seq 1 "$ROUNDS"); do
@@ -76,8 +81,8 @@ for model in "${MODELS[@]}"; do
         for test in pp tg; do
             n=$PP
             [ "$test" = tg ] && n=$TG
-            if ! j=$("$TANDEM_BIN" bench "$test" "$n" "$model" -t "$THREADS" -r "$REPS" --json \
-                    --ceil-gbs "$GBS" --ceil-gflops "$GFL" 2>>"$LOG"); then
+            # shellcheck disable=SC2086  # CEIL_FLAGS is a list of flags
+            if ! j=$("$TANDEM_BIN" bench "$test" "$n" "$model" -t "$THREADS" -r "$REPS" --json $CEIL_FLAGS 2>>"$LOG"); then
                 echo "compare_llama: tandem bench $test failed on $model (see $LOG)" | tee -a "$LOG" >&2
                 continue 3
             fi
@@ -98,8 +103,8 @@ ceilings 1 > /dev/null
     echo "Commands (each model, $ROUNDS rounds, interleaved llama.cpp then tandem):"
     echo
     echo "    $LLAMA_CMD -m MODEL"
-    echo "    $TD_PP_CMD --ceil-gbs GBS --ceil-gflops GFLOPS"
-    echo "    $TD_TG_CMD --ceil-gbs GBS --ceil-gflops GFLOPS"
+    echo "    $TD_PP_CMD $CEIL_FLAGS"
+    echo "    $TD_TG_CMD $CEIL_FLAGS"
     echo "    $TANDEM_BIN bench ceilings -t $THREADS --json   # before and after"
 } > "$OUT_DIR/table.md"
 cat "$OUT_DIR/table.md"

@@ -1,6 +1,8 @@
 """Turns compare_llama.sh's raw.jsonl into a markdown table: per model and test, the median tokens/s
 of every repetition of every round on each side, the spread (min-max), tandem / llama.cpp, and the
-fraction of the ceiling (pp: GFLOP/s over the FP32 FMA peak; tg: GB/s over the read bandwidth),
+fraction of the ceiling (pp: GFLOP/s over the peak of the arithmetic the type's matmuls use, int8
+VNNI for Q8_0/Q4_0 and BF16 dot products for BF16 as both programs use them, else FP32 FMA; tg: GB/s
+over the read bandwidth),
 both sides counted with tandem's FLOP and byte model of the same run. Reads only; judges nothing.
 
 usage: /usr/bin/python3 bench/compare_table.py raw.jsonl
@@ -18,6 +20,15 @@ def main():
     # machine one of them can be far too low).
     gbs = max(c["read_gbs"] for c in ceil)
     gfl = max(c["fma_gflops"] for c in ceil)
+    i8 = max(c.get("int8_giops", 0) for c in ceil)
+    bf = max(c.get("bf16_gflops", 0) for c in ceil)
+
+    def pp_peak(dtype):
+        if dtype in ("Q8_0", "Q4_0") and i8 > 0:
+            return i8
+        if dtype == "BF16" and bf > 0:
+            return bf
+        return gfl
     models = []
     llama, tandem, info = {}, {}, {}
     for r in recs:
@@ -47,7 +58,7 @@ def main():
             return None
         work = d["flops"] if test == "pp" else d["bytes"]  # per run of n tokens
         rate = work * ts / d["n"] / 1e9
-        return rate / (gfl if test == "pp" else gbs)
+        return rate / (pp_peak(d.get("type")) if test == "pp" else gbs)
 
     def pct(x):
         return "-" if x is None else f"{100 * x:.1f}%"
@@ -72,9 +83,10 @@ def main():
     print()
     print("t/s: median of all repetitions of all rounds (min-max in brackets). Ceilings measured by "
           "`tandem bench ceilings` before / after the runs: "
-          + ", ".join(f"{c['read_gbs']:.1f} GB/s read, {c['fma_gflops']:.1f} GFLOP/s FP32 FMA ({c['fma_isa']})"
+          + ", ".join(f"{c['read_gbs']:.1f} GB/s read, {c['fma_gflops']:.1f} GFLOP/s FP32 FMA ({c['fma_isa']}), "
+                      f"{c.get('int8_giops', 0):.0f} GOP/s int8, {c.get('bf16_gflops', 0):.0f} GFLOP/s BF16"
                       for c in ceil)
-          + f"; the fractions use the best of them. pp work = 2 x matmul parameters x tokens + attention + "
+          + f"; the fractions use the best of them (pp: int8 for Q8_0/Q4_0, BF16 for BF16, else FP32). pp work = 2 x matmul parameters x tokens + attention + "
           "one output row; tg bytes = every weight once per token + the f32 KV cache read.")
 
 

@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "cli/bench_ceil.h"
 #include "cli/cli.h"
+#include "kernels/kernels.h"
 #include "cli/cmd_bench.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -24,7 +25,7 @@ static void bench_usage(FILE *f) {
             "usage: tandem bench pp N MODEL [options]      prompt processing: N tokens in one batch\n"
             "       tandem bench tg N MODEL [options]      generation: N tokens one at a time\n"
             "       tandem bench batched MODEL [options]   B sequences decoding together\n"
-            "       tandem bench ceilings [options]        memory bandwidth and FP32 FMA peak\n"
+            "       tandem bench ceilings [options]        memory bandwidth, FP32 FMA / int8 / BF16 peaks\n"
             "  MODEL                  .gguf file or model directory (also -m MODEL)\n"
             "  -r, --reps R           timed repetitions (default 3), after one untimed warm-up\n"
             "  -t, --threads T        worker threads (default 2)\n"
@@ -35,6 +36,8 @@ static void bench_usage(FILE *f) {
             "  --no-ceil              skip measuring the ceilings (no fractions reported)\n"
             "  --ceil-gbs X           use X GB/s as the bandwidth ceiling instead of measuring\n"
             "  --ceil-gflops X        use X GFLOP/s as the FP32 FMA ceiling instead of measuring\n"
+            "  --ceil-int8-giops X    ... X GOP/s as the int8 VNNI ceiling (with --ceil-gbs and --ceil-gflops)\n"
+            "  --ceil-bf16-gflops X   ... X GFLOP/s as the BF16 dot-product ceiling (likewise)\n"
             "  --ceil-mib M           read-bandwidth buffer size in MiB (default 512)\n"
             "pp/tg: like llama-bench -p N / -n N (tg starts from an empty cache; every generated\n"
             "token's logits are computed, pp computes only the last one's). See docs/bench.md.\n");
@@ -43,7 +46,7 @@ static void bench_usage(FILE *f) {
 typedef struct {
     const char *sub, *model;
     long n, reps, threads, prompt, ceil_mib;
-    double ceil_gbs, ceil_gflops;
+    double ceil_gbs, ceil_gflops, ceil_int8, ceil_bf16;
     bool json, no_ceil;
     int batches[MAX_BATCHES], n_batches;
 } bench_opts;
@@ -113,6 +116,10 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
             if (!td_arg_float(a, TAKE(), 1e-3, 1e6, &o->ceil_gbs)) return -1;
         } else if (!strcmp(a, "--ceil-gflops")) {
             if (!td_arg_float(a, TAKE(), 1e-3, 1e9, &o->ceil_gflops)) return -1;
+        } else if (!strcmp(a, "--ceil-int8-giops")) {
+            if (!td_arg_float(a, TAKE(), 1e-3, 1e9, &o->ceil_int8)) return -1;
+        } else if (!strcmp(a, "--ceil-bf16-gflops")) {
+            if (!td_arg_float(a, TAKE(), 1e-3, 1e9, &o->ceil_bf16)) return -1;
         } else if (!strcmp(a, "--ceil-mib")) {
             if (!td_arg_int(a, TAKE(), 16, 1 << 16, &o->ceil_mib)) return -1;
         } else if (a[0] == '-' && a[1]) {
@@ -228,6 +235,8 @@ static int measure_ceilings(const bench_opts *o, td_bench_ceil *c) {
     if (o->ceil_gbs > 0 && o->ceil_gflops > 0) {
         c->read_gbs = o->ceil_gbs;
         c->fma_gflops = o->ceil_gflops;
+        c->int8_giops = o->ceil_int8;
+        c->bf16_gflops = o->ceil_bf16;
         c->fma_isa = "given";
         return 0;
     }
@@ -237,6 +246,8 @@ static int measure_ceilings(const bench_opts *o, td_bench_ceil *c) {
     }
     if (o->ceil_gbs > 0) c->read_gbs = o->ceil_gbs;
     if (o->ceil_gflops > 0) c->fma_gflops = o->ceil_gflops;
+    if (o->ceil_int8 > 0) c->int8_giops = o->ceil_int8;
+    if (o->ceil_bf16 > 0) c->bf16_gflops = o->ceil_bf16;
     return 0;
 }
 
@@ -247,6 +258,21 @@ static void add_ceil_json(cJSON *j, const td_bench_ceil *c) {
     cJSON_AddNumberToObject(o, "read_gbs", c->read_gbs);
     cJSON_AddNumberToObject(o, "fma_gflops", c->fma_gflops);
     cJSON_AddStringToObject(o, "fma_isa", c->fma_isa ? c->fma_isa : "?");
+    if (c->int8_giops > 0) cJSON_AddNumberToObject(o, "int8_giops", c->int8_giops);
+    if (c->bf16_gflops > 0) cJSON_AddNumberToObject(o, "bf16_gflops", c->bf16_gflops);
+}
+
+// The compute ceiling a prompt on this model meets: the kernel set's int8 (Q8_0/Q4_0 weights
+// against int8 activations) or bf16 dot products (BF16 weights) where it uses them, else FP32
+// FMA. Sets *name to the ceiling's JSON key; returns 0 if it was not measured.
+static double pp_ceiling(const td_bench_ceil *c, const char *dtype, const char **name) {
+    const td_kernels *k = td_kernels_get(NULL);
+    const int lowp = k && !strcmp(k->name, "avx512-int8");
+    if (lowp && (!strcmp(dtype, "Q8_0") || !strcmp(dtype, "Q4_0")) && c->int8_giops > 0)
+        return *name = "int8_giops", c->int8_giops;
+    if (lowp && !strcmp(dtype, "BF16") && c->bf16_gflops > 0) return *name = "bf16_gflops", c->bf16_gflops;
+    *name = "fma_gflops";
+    return c->fma_gflops;
 }
 
 static void print_json(cJSON *j) {
@@ -367,8 +393,9 @@ static int bench_single(const bench_opts *o, const td_model *m, const td_bench_c
     double bytes = (double)n * c.weight_bytes + kv_read_bytes(cfg, 0, n);  // tg: read per run
     double med = median_sec(&s);
     double gflops = flops / med / 1e9, gbs = bytes / med / 1e9;
-    double frac = pp ? (ceil->fma_gflops > 0 ? gflops / ceil->fma_gflops : -1)
-                     : (ceil->read_gbs > 0 ? gbs / ceil->read_gbs : -1);
+    const char *pp_ceil_name;
+    const double pp_ceil = pp_ceiling(ceil, c.dtype, &pp_ceil_name);
+    double frac = pp ? (pp_ceil > 0 ? gflops / pp_ceil : -1) : (ceil->read_gbs > 0 ? gbs / ceil->read_gbs : -1);
     if (o->json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "test", o->sub);
@@ -389,7 +416,7 @@ static int bench_single(const bench_opts *o, const td_model *m, const td_bench_c
         cJSON_AddNumberToObject(j, "bytes", bytes);
         cJSON_AddNumberToObject(j, "gbs", gbs);
         if (frac >= 0) cJSON_AddNumberToObject(j, "frac_ceiling", frac);
-        cJSON_AddStringToObject(j, "ceiling", pp ? "fma_gflops" : "read_gbs");
+        cJSON_AddStringToObject(j, "ceiling", pp ? pp_ceil_name : "read_gbs");
         add_ceil_json(j, ceil);
         print_json(j);
     } else {
@@ -398,8 +425,8 @@ static int bench_single(const bench_opts *o, const td_model *m, const td_bench_c
         printf("| %s | %s | %.1fM | %ld | %s%d | %.2f ± %.2f | %.2f | ", o->model, c.dtype, c.params / 1e6,
                o->threads, o->sub, n, mean, sd, pp ? gflops : gbs);
         if (frac >= 0)
-            printf("%.1f%% of %.1f %s |\n", 100 * frac, pp ? ceil->fma_gflops : ceil->read_gbs,
-                   pp ? "GFLOP/s" : "GB/s");
+            printf("%.1f%% of %.1f %s |\n", 100 * frac, pp ? pp_ceil : ceil->read_gbs,
+                   !pp ? "GB/s" : !strcmp(pp_ceil_name, "int8_giops") ? "GOP/s int8" : !strcmp(pp_ceil_name, "bf16_gflops") ? "GFLOP/s bf16" : "GFLOP/s");
         else
             printf("- |\n");
     }
@@ -510,9 +537,12 @@ int td_cmd_bench(int argc, char **argv) {
             cJSON_AddNumberToObject(j, "read_bytes", (double)ceil.read_bytes);
             print_json(j);
         } else {
-            printf("threads %d: read bandwidth %.2f GB/s (%zu MiB buffer), FP32 FMA %.1f GFLOP/s (%s)\n",
+            printf("threads %d: read bandwidth %.2f GB/s (%zu MiB buffer), FP32 FMA %.1f GFLOP/s (%s)",
                    ceil.n_threads, ceil.read_gbs, ceil.read_bytes >> 20, ceil.fma_gflops,
                    ceil.fma_isa ? ceil.fma_isa : "?");
+            if (ceil.int8_giops > 0) printf(", int8 VNNI %.1f GOP/s", ceil.int8_giops);
+            if (ceil.bf16_gflops > 0) printf(", BF16 dot %.1f GFLOP/s", ceil.bf16_gflops);
+            printf("\n");
         }
         return 0;
     }
