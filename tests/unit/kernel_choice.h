@@ -4,6 +4,7 @@
 #ifndef TD_TEST_KERNEL_CHOICE_H
 #define TD_TEST_KERNEL_CHOICE_H
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
@@ -23,6 +24,16 @@ static inline const char *tk_exact_set(void) {
     for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
         if (td_kernels_available(exact[i])) return exact[i];
     return "ref";
+}
+
+// For tests about exactness (a forward against a float64 reference at 1e-4, conversions whose
+// weights are identical): if the set in force rounds activations, force the best exact set through
+// TANDEM_KERNELS (inherited by `tandem` subprocesses); an exact choice already made is kept.
+// Returns the set now in force.
+static inline const char *tk_pin_exact(void) {
+    if (tk_rounds_activations()) setenv("TANDEM_KERNELS", tk_exact_set(), 1);
+    const td_kernels *k = td_kernels_get(NULL);
+    return k ? k->name : "(none)";
 }
 
 #endif
