@@ -22,8 +22,9 @@
 //   - rows (positions) that agree: within TOL of the rounded oracle. Every row does unless a flip
 //     reaches it; measured 15% (llama3-q4_0, a tie at position 0 of the long prompt) to 99.7% per
 //     file, 58% over all 17 files; against the dequantized oracle 0 rows agree, so any error in the
-//     semantics (scale, rounding mode, block layout) drops this to ~0. Required: MIN_AGREE = 10%
-//     per file, MIN_AGREE_ALL = 40% over all such files.
+//     semantics (scale, rounding mode, block layout) drops this to ~0. Required: MIN_AGREE = 5%
+//     per file (an early flip in the 300-token prompt alone leaves ~12%), MIN_AGREE_ALL = 40% over
+//     all such files.
 //   - the rest within TOL_ACT = 0.3 (measured worst 0.22, mistral-q8_0), and the greedy continuation
 //     equal to the rounded oracle's (its token log-probs measured within 6.2e-3).
 // These files are then run again on the best exact set (TANDEM_KERNELS=avx512, else avx2, else
@@ -48,7 +49,7 @@
 
 #define TOL 1e-4       // max |log-softmax difference|, exact sets, every dtype (see above)
 #define TOL_ACT 0.3    // the same, avx512-int8 against the activation-rounded oracle (see above)
-#define MIN_AGREE 0.1  // avx512-int8: least fraction of a file's rows within TOL of that oracle
+#define MIN_AGREE 0.05 // avx512-int8: least fraction of a file's rows within TOL of that oracle
 #define MIN_AGREE_ALL 0.4  // ... and of all such files' rows together
 #define ACT_COST 1.0   // avx512-int8 against the dequantized oracle: documentation, not precision
 #define CHUNK 64       // tokens per step when feeding the long prompt through the KV cache
