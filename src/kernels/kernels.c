@@ -26,11 +26,13 @@ const td_kernels td_kernels_ref = {
 static const struct {
     const td_kernels *k;
     int (*supported)(void);
-    int in_auto;  // exact enough to be chosen by "auto" (the int8 set changes numerics)
+    int in_auto;  // chosen by "auto" when supported (the first such entry wins)
 } sets[] = {
 #ifdef TD_KERNELS_X86
+    // Quantized activations for Q8_0/Q4_0/BF16 weights (llama.cpp's semantics, docs/kernels.md);
+    // the default where the CPU has VNNI + AVX512-BF16. TANDEM_KERNELS=avx512 is the exact path.
+    {&td_kernels_avx512_int8, td_x86_has_avx512_int8, 1},
     {&td_kernels_avx512, td_x86_has_avx512, 1},
-    {&td_kernels_avx512_int8, td_x86_has_avx512_int8, 0},
     {&td_kernels_avx2, td_x86_has_avx2, 1},
 #endif
     {&td_kernels_ref, NULL, 1},

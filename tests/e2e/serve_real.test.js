@@ -4,6 +4,7 @@
 // greedy continuation and its log-probabilities) and from the server itself served alone (batch
 // invariance), never from constants computed by the code under test.
 // Usage: node tests/e2e/serve_real.test.js --port N --nochat M --override K --oracle PATH --model NAME
+//        [--rounded 0|1]
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -38,7 +39,10 @@ function metric(text, name, label) {
   return NaN;
 }
 const om = oracle.models.find(m => m.name === MODEL);
-const greedy = om.greedy;
+// --rounded 1: the server's kernels round activations (avx512-int8, the default where the CPU has
+// it); a Q8_0/Q4_0/BF16 model is then checked against the activation-rounded oracle (models[].act,
+// see tests/unit/test_oracle.c). The F32 model served by default has none: same oracle either way.
+const greedy = (arg('--rounded') === '1' && om.act ? om.act : om).greedy;
 
 async function testGreedyOracle() {
   // Token-id prompt and text prompt (the tokenizer adds BOS as the model's config says) must both

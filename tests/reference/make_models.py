@@ -4,6 +4,9 @@ For each architecture variant (llama2, llama3, mistral, qwen2, qwen3) it draws s
 weights, writes a Hugging Face model directory and GGUF files (F32, F16, BF16, Q8_0, Q4_0), then
 runs model_ref.py on exactly the weights each file stores (after rounding or quantize->dequantize)
 and saves the log-softmax of every position for a few prompts plus a greedy continuation.
+Files whose matmul weights are Q8_0, Q4_0 or BF16 also get an "act" oracle: the same weights with
+the activations in front of those matmuls rounded as tandem's avx512-int8 kernels (and llama.cpp)
+round them (int8 per 32-block for Q8_0/Q4_0, bf16 for BF16; model_ref.act_q8 / act_bf16).
 It is not a converter: the GGUF layout is written here by hand following llama.cpp's conventions.
 
 Usage: /usr/bin/python3 tests/reference/make_models.py [--out DIR]
@@ -60,6 +63,12 @@ VARIANTS = {
 
 GGUF_TYPES = {"f32": G.GGML_F32, "f16": G.GGML_F16, "bf16": G.GGML_BF16, "q8_0": G.GGML_Q8_0,
               "q4_0": G.GGML_Q4_0}
+GGUF_TYPE_NAMES = {v: k.upper() for k, v in GGUF_TYPES.items()}
+# Activation rounding that tandem's avx512-int8 kernels apply in front of a matmul, by weight type.
+ACT_BY_TYPE = {"Q8_0": "q8", "Q4_0": "q8", "BF16": "bf16"}
+# The matmul weights of a model (HF names; a tied head multiplies by the embedding table).
+MATMUL_SUFFIXES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+                   "gate_proj.weight", "up_proj.weight", "down_proj.weight")
 # llama.cpp's LLAMA_FTYPE values for general.file_type
 FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
 
@@ -164,8 +173,11 @@ def write_json(path, obj):
         f.write("\n")
 
 
-def write_hf_dir(path, name, v, c, tok, weights, dtype="F32", shards=1):
-    """Returns the weights as stored (float32 after rounding to dtype)."""
+def write_hf_dir(path, name, v, c, tok, weights, dtype="F32", shards=1, types=None):
+    """Returns the weights as stored (float32 after rounding to dtype). types, if given, receives
+    HF name -> stored dtype name ("F32", "F16", "BF16") of every tensor."""
+    if types is not None:
+        types.update({n: dtype for n in weights})
     os.makedirs(path, exist_ok=True)
     torch_dtype = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype]
     write_json(os.path.join(path, "config.json"), hf_config(name, v, c, tok, torch_dtype))
@@ -246,8 +258,9 @@ def gguf_tensors(v, c: RefConfig, w):
     return out
 
 
-def write_gguf(path, name, v, c: RefConfig, tok, w, ftype):
-    """Returns the HF-named, HF-layout float32 weights as tandem will see them."""
+def write_gguf(path, name, v, c: RefConfig, tok, w, ftype, types=None):
+    """Returns the HF-named, HF-layout float32 weights as tandem will see them. types, if given,
+    receives HF name -> GGUF tensor type name ("F32", "Q8_0", ...) of every tensor written."""
     arch = v["gguf_arch"]
     g = G.GGUFWriter()
     g.add("general.architecture", G.T_STRING, arch)
@@ -286,6 +299,8 @@ def write_gguf(path, name, v, c: RefConfig, tok, w, ftype):
     for gname, hname, a, nh in gguf_tensors(v, c, w):
         t = qtype if a.ndim == 2 else G.GGML_F32  # 1-D tensors stay F32, as llama.cpp writes them
         raw = g.add_tensor(gname, a, t)
+        if types is not None:
+            types[hname] = GGUF_TYPE_NAMES[t]
         back = G.dequantize(t, raw, a.shape)
         stored[hname] = unpermute(back, nh) if nh else back
     if rs and rs.get("rope_type") == "llama3":
@@ -307,9 +322,20 @@ def weights_key(stored):
     return h.hexdigest()[:16]
 
 
-def run_oracle(out, tag, c, stored, prompts, greedy_prompt, tok):
-    """Writes DIR/oracle/<tag>.<prompt>.f32 files; returns the JSON record."""
-    m = RefModel(c, stored)
+def act_map(c: RefConfig, types):
+    """HF weight name -> activation rounding ("q8"/"bf16") for every matmul whose stored weight
+    type the avx512-int8 kernels multiply in low precision; {} when there is none."""
+    head = "model.embed_tokens.weight" if c.tie_embeddings else "lm_head.weight"
+    act = {}
+    for n, t in types.items():
+        if (n.endswith(MATMUL_SUFFIXES) or n == head) and t in ACT_BY_TYPE:
+            act[n] = ACT_BY_TYPE[t]
+    return act
+
+
+def run_oracle(out, tag, c, stored, prompts, greedy_prompt, tok, act=None):
+    """Writes DIR/oracle/<tag>.<prompt>.f32 files; returns the JSON record. act: RefModel's."""
+    m = RefModel(c, stored, act)
     files = {}
     for pname, toks in prompts.items():
         lp = m.logprobs(toks).to(torch.float32).numpy()  # (T, vocab)
@@ -354,7 +380,8 @@ def main():
             with open(index_path) as f:
                 old = json.load(f)
             paths = [m["path"] for m in old["models"]] + \
-                [f for m in old["models"] for f in m["logprobs"].values()]
+                [f for m in old["models"] for f in m["logprobs"].values()] + \
+                [f for m in old["models"] if "act" in m for f in m["act"]["logprobs"].values()]
             if old.get("generator_hash") == src_hash and \
                     all(os.path.exists(os.path.join(out, p)) for p in paths):
                 print(f"make_models: {index_path} is up to date")
@@ -373,7 +400,7 @@ def main():
 
     models, oracles, by_key = [], {}, {}
 
-    def add(model_name, variant, rel_path, fmt, dtype, c, stored):
+    def add(model_name, variant, rel_path, fmt, dtype, c, stored, types):
         key = weights_key(stored)
         if key not in by_key:  # files with identical weights share one oracle
             tag = f"{variant}-{dtype.lower()}" + ("" if f"{variant}-{dtype.lower()}" not in oracles
@@ -381,24 +408,37 @@ def main():
             by_key[key] = tag
             oracles[tag] = run_oracle(out, tag, c, stored, prompts, greedy_prompt, tok)
         tag = by_key[key]
-        models.append({"name": model_name, "variant": variant, "path": rel_path, "format": fmt,
-                       "dtype": dtype, "oracle": tag, **oracles[tag]})
+        entry = {"name": model_name, "variant": variant, "path": rel_path, "format": fmt,
+                 "dtype": dtype, "oracle": tag, **oracles[tag]}
+        act = act_map(c, types)
+        if act:  # the avx512-int8 semantics, keyed by weights and roundings
+            akey = key + json.dumps(act, sort_keys=True)
+            if akey not in by_key:
+                atag = f"{tag}.act"
+                by_key[akey] = atag
+                oracles[atag] = {"rounding": sorted(set(act.values())), "matmuls": len(act),
+                                 **run_oracle(out, atag, c, stored, prompts, greedy_prompt, tok, act)}
+            entry["act"] = {"oracle": by_key[akey], **oracles[by_key[akey]]}
+        models.append(entry)
 
     for name, v in VARIANTS.items():
         c = ref_config(v)
         w = random_weights(c, v["seed"])
-        st = write_hf_dir(os.path.join(out, name), name, v, c, tok, w)
-        add(name, name, name, "hf", "F32", c, st)
+        ty = {}
+        st = write_hf_dir(os.path.join(out, name), name, v, c, tok, w, types=ty)
+        add(name, name, name, "hf", "F32", c, st, ty)
         if name == "llama2":
             for dt in ("F16", "BF16"):
-                d = f"{name}-hf-{dt.lower()}"
-                add(d, name, d, "hf", dt, c, write_hf_dir(os.path.join(out, d), name, v, c, tok, w, dt))
-            d = f"{name}-hf-sharded"
+                d, ty = f"{name}-hf-{dt.lower()}", {}
+                add(d, name, d, "hf", dt, c,
+                    write_hf_dir(os.path.join(out, d), name, v, c, tok, w, dt, types=ty), ty)
+            d, ty = f"{name}-hf-sharded", {}
             add(d, name, d, "hf", "F32", c,
-                write_hf_dir(os.path.join(out, d), name, v, c, tok, w, "F32", shards=2))
+                write_hf_dir(os.path.join(out, d), name, v, c, tok, w, "F32", shards=2, types=ty), ty)
         for ft in GGUF_TYPES:
-            fn = f"{name}-{ft}.gguf"
-            add(fn, name, fn, "gguf", ft.upper(), c, write_gguf(os.path.join(out, fn), name, v, c, tok, w, ft))
+            fn, ty = f"{name}-{ft}.gguf", {}
+            add(fn, name, fn, "gguf", ft.upper(), c,
+                write_gguf(os.path.join(out, fn), name, v, c, tok, w, ft, types=ty), ty)
 
     index = {
         "version": FORMAT_VERSION,
@@ -409,6 +449,10 @@ def main():
         "eos_id": tok.eos_id,
         "logprobs_layout": "raw little-endian float32 [n_tokens, vocab_size], row per position, "
                            "log_softmax of the logits at that position",
+        "act_semantics": "models[].act (Q8_0/Q4_0/BF16 matmul weights only): the same outputs with "
+                         "the input of every such matmul rounded as tandem's avx512-int8 kernels "
+                         "do: q8 = int8 per 32-element block with an f32 scale, bf16 = RNE to "
+                         "bfloat16 (tests/reference/model_ref.py act_q8, act_bf16)",
         "prompts": prompts,
         "greedy_prompt_text": GREEDY_TEXT,
         "greedy_prompt": greedy_prompt,
@@ -417,8 +461,10 @@ def main():
     }
     write_json(index_path, index)
     small = min(m["greedy"]["min_margin"] for m in models)
+    small_act = min((m["act"]["greedy"]["min_margin"] for m in models if "act" in m), default=0)
     print(f"make_models: {len(models)} model files, {len(oracles)} oracles in {out} "
-          f"({time.time() - t0:.1f} s); smallest greedy top1-top2 margin {small:.3g}")
+          f"({time.time() - t0:.1f} s); smallest greedy top1-top2 margin {small:.3g} "
+          f"(activation-rounded oracles: {small_act:.3g})")
 
 
 if __name__ == "__main__":

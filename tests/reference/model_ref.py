@@ -4,6 +4,10 @@ Written from the papers and the Hugging Face model definitions' documented behav
 Qwen2, Qwen3), not copied from them, and kept deliberately simple: one sequence, no KV cache, float64
 throughout so that it is an accurate reference for tandem's float32 arithmetic. Weights use Hugging
 Face names and layouts (rotate_half RoPE, [out, in] linear weights). It is not fast and not a trainer.
+
+Optionally (RefModel's `act`) it emulates llama.cpp-style low-precision activations in front of chosen
+matmuls, the semantics of tandem's avx512-int8 kernel set (docs/kernels.md): "q8" quantizes each
+32-element block of an activation row to int8 with an f32 scale, "bf16" rounds activations to bfloat16.
 """
 import math
 from dataclasses import dataclass, field
@@ -89,16 +93,50 @@ def apply_rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> to
     return x * emb.cos() + rotate_half(x) * emb.sin()
 
 
-class RefModel:
-    """weights: dict of HF tensor names -> float arrays (numpy or torch), exactly as stored."""
+def act_q8(x: torch.Tensor) -> torch.Tensor:
+    """x: (..., n), n a multiple of 32 -> the values an int8-quantized activation row stands for.
 
-    def __init__(self, cfg: RefConfig, weights: dict):
+    The kernel sees x in float32 and, per 32-element block, computes in float32: amax = max|x|,
+    dx = amax / 127, q = round_half_even(x * (127 / amax)) (0 when amax == 0); the block then means
+    q * dx exactly (the integer dot and the scales are exact up to the f32 summation that every
+    kernel has). The same float32 operations here (IEEE, correctly rounded) give the same q."""
+    shape = x.shape
+    b = x.to(torch.float32).reshape(*shape[:-1], shape[-1] // 32, 32)
+    amax = b.abs().amax(dim=-1, keepdim=True)               # float32
+    dx = amax / torch.tensor(127.0, dtype=torch.float32)    # float32 division
+    pos = amax > 0
+    inv = torch.where(pos, torch.tensor(127.0, dtype=torch.float32) / torch.where(pos, amax, 1.0),
+                      torch.zeros_like(amax))               # 127 / amax in float32
+    q = torch.round(b * inv)                                # float32 product, half to even
+    return (q.to(DTYPE) * dx.to(DTYPE)).reshape(shape)
+
+
+def act_bf16(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to float32, then to bfloat16 (round to nearest even), as vcvtne2ps2bf16 does."""
+    return x.to(torch.float32).to(torch.bfloat16).to(DTYPE)
+
+
+ACT_ROUND = {"q8": act_q8, "bf16": act_bf16}
+
+
+class RefModel:
+    """weights: dict of HF tensor names -> float arrays (numpy or torch), exactly as stored.
+    act: optional dict of HF weight names (".weight" included; the tied head is
+    "model.embed_tokens.weight") -> "q8" or "bf16": the activation rounding applied to the input
+    of that matmul (ACT_ROUND). Absent names, or act None, multiply the float64 activations."""
+
+    def __init__(self, cfg: RefConfig, weights: dict, act: Optional[dict] = None):
         self.cfg = cfg
         self.w = {k: torch.as_tensor(v).to(DTYPE) for k, v in weights.items()}
         self.inv_freq = rope_inv_freq(cfg)
+        self.act = act or {}
+
+    def _round(self, x, wname):
+        mode = self.act.get(wname)
+        return ACT_ROUND[mode](x) if mode else x
 
     def _lin(self, x, name, bias=False):
-        y = x @ self.w[name + ".weight"].T
+        y = self._round(x, name + ".weight") @ self.w[name + ".weight"].T
         if bias:
             y = y + self.w[name + ".bias"]
         return y
@@ -137,8 +175,8 @@ class RefModel:
             u = self._lin(h, p + "mlp.up_proj")
             x = x + self._lin(torch.nn.functional.silu(g) * u, p + "mlp.down_proj")
         x = rms_norm(x, w["model.norm.weight"], c.rms_eps)
-        head = w["model.embed_tokens.weight"] if c.tie_embeddings else w["lm_head.weight"]
-        return x @ head.T
+        hname = "model.embed_tokens.weight" if c.tie_embeddings else "lm_head.weight"
+        return self._round(x, hname) @ w[hname].T
 
     def logprobs(self, tokens) -> torch.Tensor:
         return torch.log_softmax(self.forward(tokens), dim=-1)

@@ -10,9 +10,23 @@
 #include <unistd.h>
 
 #include "base/file.h"
+#include "kernel_choice.h"
 #include "test_util.h"
 
 static const char *g_bin, *g_ref;
+// 1 when `tandem run` uses avx512-int8 (TANDEM_KERNELS, else auto): Q8_0/Q4_0/BF16 files are then
+// compared with the activation-rounded oracle (models[].act, see test_oracle.c). Tolerances there:
+// rows agree within 1e-4 unless an activation rounds the other way at a rounding boundary (f32
+// noise); such a flip moves a log-prob by up to ~0.1 (measured 6.2e-3 on the greedy prompt,
+// 0.08 on the 33-token prompt), hence TOL_FLIP, and at least half of the echo rows must agree.
+static int g_rounds;
+#define TOL_FLIP 0.3
+
+// The oracle record (greedy, logprobs) matching the kernel semantics in force for this model.
+static const cJSON *oracle_for(const cJSON *model) {
+    const cJSON *act = cJSON_GetObjectItem(model, "act");
+    return g_rounds && act ? act : model;
+}
 
 // Runs a shell command, captures stdout (malloc'd) and the exit status.
 static char *run(const char *cmd, int *status) {
@@ -61,7 +75,9 @@ static cJSON *run_json(const char *args, int *status) {
 static void check_greedy(const cJSON *model, const char *prompt_ids) {
     const char *name = cJSON_GetObjectItem(model, "name")->valuestring;
     const char *path = cJSON_GetObjectItem(model, "path")->valuestring;
-    const cJSON *g = cJSON_GetObjectItem(model, "greedy");
+    const int act = oracle_for(model) != model;
+    const double tol = act ? TOL_FLIP : 1e-4;
+    const cJSON *g = cJSON_GetObjectItem(oracle_for(model), "greedy");
     const cJSON *want = cJSON_GetObjectItem(g, "tokens");
     int n = cJSON_GetArraySize(want);
     char args[16384];
@@ -88,16 +104,18 @@ static void check_greedy(const cJSON *model, const char *prompt_ids) {
         for (int k = 0; k < 5 && k < cJSON_GetArraySize(top); k++) {
             const cJSON *e = cJSON_GetArrayItem(top, k), *w = cJSON_GetArrayItem(wtop, k);
             double a = cJSON_GetObjectItem(e, "logprob")->valuedouble, b = cJSON_GetArrayItem(w, 1)->valuedouble;
-            CHECK_NEAR(a, b, 1e-4, "top-5 logprob");
+            CHECK_NEAR(a, b, tol, "top-5 logprob");
             // Ids must agree unless two alternatives are closer than the tolerance.
-            double next = k + 1 < 5 ? cJSON_GetArrayItem(cJSON_GetArrayItem(wtop, k + 1), 1)->valuedouble : -1e9;
-            if (b - next > 2e-4)
+            // (The 6th is unknown: with a rounding flip the 5th may trade places with it.)
+            double next = k + 1 < 5 ? cJSON_GetArrayItem(cJSON_GetArrayItem(wtop, k + 1), 1)->valuedouble
+                                    : act ? b : -1e9;
+            if (b - next > 2 * tol)
                 CHECK(cJSON_GetObjectItem(e, "id")->valueint == cJSON_GetArrayItem(w, 0)->valueint,
                       "%s: token %d top-%d id", name, i, k);
         }
     }
-    CHECK(maxd <= 1e-4, "%s: greedy token logprobs differ from the oracle by %g", name, maxd);
-    printf("%-22s greedy %d tokens ok, max |logprob diff| %.2e\n", name, n, maxd);
+    CHECK(maxd <= tol, "%s: greedy token logprobs differ from the oracle by %g", name, maxd);
+    printf("%-22s greedy %d tokens ok, max |logprob diff| %.2e%s\n", name, n, maxd, act ? " (rounded oracle)" : "");
     cJSON_Delete(j);
 }
 
@@ -105,7 +123,9 @@ static void check_greedy(const cJSON *model, const char *prompt_ids) {
 static void check_echo(const cJSON *model, const cJSON *prompts) {
     const char *name = cJSON_GetObjectItem(model, "name")->valuestring;
     const char *path = cJSON_GetObjectItem(model, "path")->valuestring;
-    const cJSON *lpf = cJSON_GetObjectItem(cJSON_GetObjectItem(model, "logprobs"), "len33");
+    const int act = oracle_for(model) != model;
+    const double tol = act ? TOL_FLIP : 1e-4;
+    const cJSON *lpf = cJSON_GetObjectItem(cJSON_GetObjectItem(oracle_for(model), "logprobs"), "len33");
     if (!lpf) return;
     size_t cnt;
     float *rows = read_f32(lpf->valuestring, &cnt);
@@ -125,18 +145,23 @@ static void check_echo(const cJSON *model, const cJSON *prompts) {
         const cJSON *pl = cJSON_GetObjectItem(j, "prompt_logprobs");
         CHECK(cJSON_GetArraySize(pl) == n - 1, "%s: %d prompt logprobs, want %d", name, cJSON_GetArraySize(pl), n - 1);
         double maxd = 0;
+        int agree = 0;
         for (int i = 0; i + 1 < n && i < cJSON_GetArraySize(pl); i++) {
             const cJSON *e = cJSON_GetArrayItem(pl, i);
             int tok = cJSON_GetArrayItem(prompt, i + 1)->valueint;
             CHECK(cJSON_GetObjectItem(e, "id")->valueint == tok, "%s: echo id", name);
             double d = fabs(cJSON_GetObjectItem(e, "logprob")->valuedouble - rows[(size_t)i * V + tok]);
             if (d > maxd) maxd = d;
+            agree += d <= 1e-4;
             const cJSON *best = cJSON_GetArrayItem(cJSON_GetObjectItem(e, "top"), 0);
             float m = -1e30f;
             for (int v = 0; v < V; v++) m = rows[(size_t)i * V + v] > m ? rows[(size_t)i * V + v] : m;
-            CHECK_NEAR(cJSON_GetObjectItem(best, "logprob")->valuedouble, m, 1e-4, "echo top-1 logprob");
+            CHECK_NEAR(cJSON_GetObjectItem(best, "logprob")->valuedouble, m, tol, "echo top-1 logprob");
         }
-        CHECK(maxd <= 1e-4, "%s: echo logprobs differ by %g", name, maxd);
+        CHECK(maxd <= tol, "%s: echo logprobs differ by %g", name, maxd);
+        CHECK(2 * agree >= n - 1, "%s: only %d of %d echo logprobs within 1e-4", name, agree, n - 1);
+        printf("%-22s echo max |logprob diff| %.2e, %d/%d within 1e-4%s\n", name, maxd, agree, n - 1,
+               act ? " (rounded oracle)" : "");
         cJSON_Delete(j);
     }
     free(rows);
@@ -148,6 +173,8 @@ int main(void) {
     static char ref[1024];
     snprintf(ref, sizeof ref, "%s/ref", td_test_data_dir());
     g_ref = ref;
+    g_rounds = tk_rounds_activations();
+    printf("kernel set %s\n", td_kernels_get(NULL) ? td_kernels_get(NULL)->name : "(none)");
     char path[1100];
     snprintf(path, sizeof path, "%s/oracle.json", g_ref);
     char *text;

@@ -15,6 +15,7 @@
 
 #include "base/file.h"
 #include "model/model.h"
+#include "kernel_choice.h"
 #include "test_util.h"
 #include "train/eval.h"
 #include "train/shards.h"
@@ -347,6 +348,8 @@ static void test_cli(const char *shard) {
 }
 
 int main(void) {
+    // NLL against the dequantized oracle at 1e-4: exact kernels (avx512-int8 rounds activations; test_oracle covers it)
+    printf("kernel set %s\n", tk_pin_exact());
     td_path_join(ref_dir, sizeof ref_dir, td_test_data_dir(), "ref");
     td_path_join(work, sizeof work, td_test_data_dir(), "eval-test");
     mkdir(td_test_data_dir(), 0755);

@@ -6,6 +6,7 @@
 
 #include "model/forward.h"
 #include "test_forward_model.h"
+#include "kernel_choice.h"
 #include "test_util.h"
 
 static double max_abs_diff(const float *a, const float *b, size_t n) {
@@ -332,6 +333,8 @@ static void test_gguf_layout_equivalence(void) {
 }
 
 int main(void) {
+    // matches a float64 reference at 1e-4: exact kernels (avx512-int8 rounds activations; test_oracle covers it)
+    printf("kernel set %s\n", tk_pin_exact());
     test_gguf_layout_equivalence();
     test_reference_matches();
     test_batching(TD_F32);

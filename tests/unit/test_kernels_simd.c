@@ -298,9 +298,14 @@ int main(void) {
         test_rope(k, 1, 64), test_rope(k, 1, 40), test_rope(k, 0, 64), test_rope(k, 1, 128);
         test_attention(k, 4, 2, 64, 16), test_attention(k, 3, 1, 24, 7), test_attention(k, 2, 2, 128, 64);
     }
-    // auto picks the best exact set, never the int8 one
+    // auto picks the int8-activation set where the CPU runs it (docs/kernels.md), else the best exact one
     const td_kernels *best = td_kernels_get("auto");
-    CHECK(best && strcmp(best->name, "avx512-int8") != 0, "auto is exact");
+    const char *want = td_kernels_available("avx512-int8") ? "avx512-int8"
+                       : td_kernels_available("avx512")    ? "avx512"
+                       : td_kernels_available("avx2")      ? "avx2" : "ref";
+    CHECK(best && !strcmp(best->name, want), "auto is %s, expected %s", best ? best->name : "-", want);
+    CHECK(td_kernels_get("") == best, "empty name = auto");
+    if (!getenv("TANDEM_KERNELS")) CHECK(td_kernels_get(NULL) == best, "unset TANDEM_KERNELS = auto");
     CHECK(!any || strcmp(best->name, "ref") != 0, "auto picks a SIMD set when one runs here (%s)", best ? best->name : "-");
     CHECK(td_kernels_get("ref") == &td_kernels_ref, "ref by name");
     CHECK(td_kernels_get("avx2-no-such") == NULL, "unknown set refused");

@@ -3,13 +3,36 @@
 // long prompts fed in chunks through the KV cache, and the greedy continuation.
 // Not a speed test, and not a test of sampling or tokenization (other tests own those).
 //
-// Tolerances. The oracle runs in float64 on exactly the weights each file stores (rounded to
-// F16/BF16, or quantized and dequantized), so the only difference left is tandem's f32
+// Two semantics, two oracles. The oracle runs in float64 on exactly the weights each file stores
+// (rounded to F16/BF16, or quantized and dequantized). The exact kernel sets (ref, avx2, avx512)
+// multiply those weights by the f32 activations, so the only difference left is tandem's f32
 // arithmetic: about 1e-6 relative on logits of magnitude <= ~20 (measured worst 1.4e-5 over all
-// 33 files, any dtype, with the reference kernels), far inside 1e-4. The bound is
-// therefore 1e-4 for every dtype. Should a kernel ever quantize activations (as llama.cpp's
-// q8_0 x q8_0 dot does), Q8_0/Q4_0 would need a measured, looser bound here; every run prints the
-// measured maxima so such a change is visible.
+// 33 files, any dtype), far inside TOL = 1e-4 for every dtype.
+//
+// The default set where the CPU has VNNI + AVX512-BF16, avx512-int8, rounds the activations in
+// front of Q8_0/Q4_0 matmuls to int8 per 32-element block and in front of BF16 matmuls to bf16, as
+// llama.cpp does. Those files are compared with the "act" oracle, which applies the same roundings
+// to its own activations in float32 (model_ref.act_q8 / act_bf16). Rounding is discontinuous: where
+// x * 127/amax lies within tandem's f32 noise (~1e-6 relative: up to ~1e-4 of a q step) of a .5,
+// or x of a bf16 midpoint,
+// tandem and the oracle round one element differently (one q step, dx = amax/127). That moves the
+// row's log-probs by up to ~0.1 and, through the KV cache, every later position of the sequence;
+// on a 300-token prompt with ~600 rounded elements per position such flips are not rare (one
+// element in 10^5-10^6 even lands exactly on a tie in f32). So the check has two parts:
+//   - rows (positions) that agree: within TOL of the rounded oracle. Every row does unless a flip
+//     reaches it; measured 15% (llama3-q4_0, a tie at position 0 of the long prompt) to 99.7% per
+//     file, 58% over all 17 files; against the dequantized oracle 0 rows agree, so any error in the
+//     semantics (scale, rounding mode, block layout) drops this to ~0. Required: MIN_AGREE = 5%
+//     per file (an early flip in the 300-token prompt alone leaves ~12%), MIN_AGREE_ALL = 40% over
+//     all such files.
+//   - the rest within TOL_ACT = 0.3 (measured worst 0.22, mistral-q8_0), and the greedy continuation
+//     equal to the rounded oracle's (its token log-probs measured within 6.2e-3).
+// These files are then run again on the best exact set (TANDEM_KERNELS=avx512, else avx2, else
+// ref) against the dequantized oracle with TOL, so the exact path stays pinned on every machine.
+// What the rounding costs is printed, not checked tightly: max |dlogprob| of the int8 set against
+// the dequantized oracle, measured BF16 1.1e-1, Q8_0 4.0e-1, Q4_0 3.4e-1 on these tiny random
+// models (bounded loosely by ACT_COST = 1). On a CPU without the int8 set, auto is exact and
+// every file is compared with the dequantized oracle with TOL.
 #include <cjson/cJSON.h>
 #include <float.h>
 #include <math.h>
@@ -21,9 +44,14 @@
 #include "base/file.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "kernel_choice.h"
 #include "test_util.h"
 
-#define TOL 1e-4       // max |log-softmax difference|, every dtype (see above)
+#define TOL 1e-4       // max |log-softmax difference|, exact sets, every dtype (see above)
+#define TOL_ACT 0.3    // the same, avx512-int8 against the activation-rounded oracle (see above)
+#define MIN_AGREE 0.05 // avx512-int8: least fraction of a file's rows within TOL of that oracle
+#define MIN_AGREE_ALL 0.4  // ... and of all such files' rows together
+#define ACT_COST 1.0   // avx512-int8 against the dequantized oracle: documentation, not precision
 #define CHUNK 64       // tokens per step when feeding the long prompt through the KV cache
 #define SIDE_CHUNK 7   // tokens per step of the second sequence sharing those batches
 #define MAX_PROMPTS 8
@@ -98,8 +126,30 @@ typedef struct {
     int greedy_ok;
 } model_result;
 
+// What one run compares with: ref (checked against tol) and, if not NULL, alt (only measured,
+// into *alt_worst: the int8 set against the dequantized oracle).
+typedef struct {
+    float **ref, **alt;
+    double tol;        // every row against ref
+    double *alt_worst;
+    int rows, agree, alt_agree;  // rows compared; within TOL of ref, of alt
+} expect;
+
+// Row k of the logits (sequence seq, position pos) against e's oracles; returns |d| against ref.
+static double compare_row(expect *e, const oracle_set *o, const float *logits, int seq, int pos) {
+    if (e->alt) {
+        double a = row_diff(logits, e->alt[seq] + (size_t)pos * o->vocab, o->vocab);
+        if (a > *e->alt_worst) *e->alt_worst = a;
+        e->alt_agree += a <= TOL;
+    }
+    double d = row_diff(logits, e->ref[seq] + (size_t)pos * o->vocab, o->vocab);
+    e->rows++;
+    e->agree += d <= TOL;
+    return d;
+}
+
 // All prompts as sequences 0..np-1 of one batch; every position compared with the oracle.
-static double check_batch(td_forward *f, const oracle_set *o, float **ref, float *logits,
+static double check_batch(td_forward *f, const oracle_set *o, expect *e, float *logits,
                           const char *what) {
     int n = 0;
     for (int i = 0; i < o->np; i++) n += o->p[i].n;
@@ -118,13 +168,12 @@ static double check_batch(td_forward *f, const oracle_set *o, float **ref, float
     CHECK(st == TD_OK, "%s: batch run: %s", what, err.msg);
     if (st == TD_OK)
         for (k = 0; k < n; k++) {
-            double d = row_diff(logits + (size_t)k * o->vocab,
-                                ref[seq[k]] + (size_t)pos[k] * o->vocab, o->vocab);
+            double d = compare_row(e, o, logits + (size_t)k * o->vocab, seq[k], pos[k]);
             if (d > worst) worst = d;
         }
     else
         worst = INFINITY;
-    CHECK(worst <= TOL, "%s: %d sequences in one batch: max |dlogprob| %.3g", what, o->np, worst);
+    CHECK(worst <= e->tol, "%s: %d sequences in one batch: max |dlogprob| %.3g", what, o->np, worst);
     free(tok), free(pos), free(seq);
     return worst;
 }
@@ -132,7 +181,7 @@ static double check_batch(td_forward *f, const oracle_set *o, float **ref, float
 // Each prompt alone, the longest in chunks of CHUNK through the KV cache while the next prompt
 // shares the same batches in chunks of SIDE_CHUNK (so a batch mixes a cached continuation with
 // a second sequence); the rest one whole prompt per run.
-static double check_chunked(td_forward *f, const oracle_set *o, float **ref, float *logits,
+static double check_chunked(td_forward *f, const oracle_set *o, expect *e, float *logits,
                             const char *what) {
     int lo = 0;
     for (int i = 1; i < o->np; i++)
@@ -157,8 +206,7 @@ static double check_chunked(td_forward *f, const oracle_set *o, float **ref, flo
         CHECK(st == TD_OK, "%s: chunked run: %s", what, err.msg);
         if (st != TD_OK) return INFINITY;
         for (int k = 0; k < n; k++) {
-            double d = row_diff(logits + (size_t)k * o->vocab,
-                                ref[seq[k]] + (size_t)pos[k] * o->vocab, o->vocab);
+            double d = compare_row(e, o, logits + (size_t)k * o->vocab, seq[k], pos[k]);
             if (d > worst) worst = d;
         }
         done_l = done_l + CHUNK < pl->n ? done_l + CHUNK : pl->n;
@@ -176,17 +224,17 @@ static double check_chunked(td_forward *f, const oracle_set *o, float **ref, flo
         td_status st = td_forward_run(f, &b, logits, &err);
         CHECK(st == TD_OK, "%s: single run: %s", what, err.msg);
         for (int t = 0; st == TD_OK && t < o->p[i].n; t++) {
-            double d = row_diff(logits + (size_t)t * o->vocab, ref[i] + (size_t)t * o->vocab, o->vocab);
+            double d = compare_row(e, o, logits + (size_t)t * o->vocab, i, t);
             if (d > worst) worst = d;
         }
         free(p), free(s);
     }
-    CHECK(worst <= TOL, "%s: prompts alone / in chunks of %d: max |dlogprob| %.3g", what, CHUNK, worst);
+    CHECK(worst <= e->tol, "%s: prompts alone / in chunks of %d: max |dlogprob| %.3g", what, CHUNK, worst);
     return worst;
 }
 
 // Prompt with logits for the last token only, then one token per run: argmax each time.
-static int check_greedy(td_forward *f, const oracle_set *o, const cJSON *greedy, float *logits,
+static int check_greedy(td_forward *f, const oracle_set *o, const cJSON *greedy, double tol, float *logits,
                         double *lp_diff, const char *what) {
     int n_ref;
     int32_t *want = json_ints(cJSON_GetObjectItem(greedy, "tokens"), &n_ref);
@@ -221,25 +269,13 @@ static int check_greedy(td_forward *f, const oracle_set *o, const cJSON *greedy,
         CHECK(st == TD_OK, "%s: greedy step %d: %s", what, i, err.msg);
     }
     ok = ok && st == TD_OK;
-    CHECK(*lp_diff <= TOL, "%s: greedy token logprobs differ by %.3g", what, *lp_diff);
+    CHECK(*lp_diff <= tol, "%s: greedy token logprobs differ by %.3g", what, *lp_diff);
     free(want), free(pos), free(seq), free(wl);
     return ok;
 }
 
-static void check_model(const char *dir, const cJSON *m, const oracle_set *o, double *worst_by_dtype,
-                        int *n_by_dtype, const char **dtypes, int n_dtypes) {
-    const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(m, "name"));
-    const char *rel = cJSON_GetStringValue(cJSON_GetObjectItem(m, "path"));
-    const char *dtype = cJSON_GetStringValue(cJSON_GetObjectItem(m, "dtype"));
-    const cJSON *lpf = cJSON_GetObjectItem(m, "logprobs");
-    if (!name || !rel || !dtype || !lpf) {
-        CHECK(0, "oracle.json: model entry lacks name/path/dtype/logprobs");
-        return;
-    }
-    char path[1024];
-    td_path_join(path, sizeof path, dir, rel);
-
-    float *ref[MAX_PROMPTS] = {0};
+// Reads the oracle's log-probs for every prompt (lpf: prompt name -> file); 0 on failure.
+static int load_refs(const char *dir, const char *name, const cJSON *lpf, const oracle_set *o, float **ref) {
     int ok = 1;
     for (int i = 0; i < o->np; i++) {
         char fp[1024];
@@ -253,6 +289,39 @@ static void check_model(const char *dir, const cJSON *m, const oracle_set *o, do
         ref[i] = read_f32(fp, (size_t)o->p[i].n * o->vocab);
         ok = ok && ref[i];
     }
+    return ok;
+}
+
+#define N_DTYPES 5
+static const char *const dtypes[N_DTYPES] = {"F32", "F16", "BF16", "Q8_0", "Q4_0"};
+
+// Worst differences per dtype (index into dtypes) over one pass.
+typedef struct {
+    double worst[N_DTYPES];  // against the oracle the pass checks
+    double cost[N_DTYPES];   // avx512-int8 against the dequantized oracle (measured only)
+    int counted[N_DTYPES];
+    long rows[N_DTYPES], agree[N_DTYPES], alt_agree[N_DTYPES];  // batch + chunked rows, see expect
+} pass_stats;
+
+// Runs one model file on the kernel set in force. act: compare with the activation-rounded
+// oracle (models[].act) at TOL_ACT and measure against the dequantized one; else the dequantized
+// oracle at TOL.
+static void check_model(const char *dir, const cJSON *m, const oracle_set *o, int act, pass_stats *ps) {
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(m, "name"));
+    const char *rel = cJSON_GetStringValue(cJSON_GetObjectItem(m, "path"));
+    const char *dtype = cJSON_GetStringValue(cJSON_GetObjectItem(m, "dtype"));
+    const cJSON *lpf = cJSON_GetObjectItem(m, "logprobs");
+    const cJSON *am = cJSON_GetObjectItem(m, "act");
+    if (!name || !rel || !dtype || !lpf || (act && !cJSON_GetObjectItem(am, "logprobs"))) {
+        CHECK(0, "oracle.json: model entry lacks name/path/dtype/logprobs%s", act ? "/act" : "");
+        return;
+    }
+    char path[1024];
+    td_path_join(path, sizeof path, dir, rel);
+
+    float *deq[MAX_PROMPTS] = {0}, *rnd[MAX_PROMPTS] = {0};
+    int ok = load_refs(dir, name, lpf, o, deq);
+    if (act) ok = load_refs(dir, name, cJSON_GetObjectItem(am, "logprobs"), o, rnd) && ok;
 
     td_model *model = NULL;
     td_forward *fw = NULL;
@@ -278,27 +347,63 @@ static void check_model(const char *dir, const cJSON *m, const oracle_set *o, do
         CHECK(st == TD_OK, "%s: forward: %s", name, err.msg);
         ok = st == TD_OK;
     }
+    int di = 0;
+    while (di < N_DTYPES && strcmp(dtypes[di], dtype)) di++;
     if (ok) {
         float *logits = malloc(sizeof(float) * (size_t)total * o->vocab);
         model_result r = {0};
-        r.batch = check_batch(fw, o, ref, logits, name);
-        r.chunked = check_chunked(fw, o, ref, logits, name);
-        r.greedy_ok = check_greedy(fw, o, cJSON_GetObjectItem(m, "greedy"), logits, &r.greedy_lp, name);
-        printf("%-20s %-5s max|dlogprob| batch %.2e  alone/chunked %.2e  greedy %s (logprob %.2e)\n",
-               name, dtype, r.batch, r.chunked, r.greedy_ok ? "same" : "DIFFERS", r.greedy_lp);
+        double cost = 0;
+        expect e = {.ref = act ? rnd : deq, .alt = act ? deq : NULL, .tol = act ? TOL_ACT : TOL,
+                    .alt_worst = &cost};
+        r.batch = check_batch(fw, o, &e, logits, name);
+        r.chunked = check_chunked(fw, o, &e, logits, name);
+        r.greedy_ok = check_greedy(fw, o, cJSON_GetObjectItem(act ? am : m, "greedy"), e.tol, logits,
+                                   &r.greedy_lp, name);
+        printf("%-20s %-5s %s max|dlogprob| batch %.2e  alone/chunked %.2e  greedy %s (logprob %.2e)",
+               name, dtype, act ? "act" : "deq", r.batch, r.chunked, r.greedy_ok ? "same" : "DIFFERS",
+               r.greedy_lp);
+        if (act)
+            printf("  rows within %.0e %d/%d; vs dequantized %.2e, rows within %.0e %d", TOL, e.agree, e.rows,
+                   cost, TOL, e.alt_agree);
+        printf("\n");
+        if (act) {
+            CHECK(e.agree >= MIN_AGREE * e.rows, "%s: only %d of %d rows within %.0e of the rounded oracle",
+                  name, e.agree, e.rows, TOL);
+            CHECK(cost <= ACT_COST, "%s: int8 set vs dequantized oracle %.3g (a rounding bug, not noise)", name, cost);
+        } else {
+            CHECK(e.agree == e.rows, "%s: %d of %d rows off", name, e.rows - e.agree, e.rows);
+        }
         double w = fmax(fmax(r.batch, r.chunked), r.greedy_lp);
-        for (int i = 0; i < n_dtypes; i++)
-            if (!strcmp(dtypes[i], dtype)) {
-                n_by_dtype[i]++;
-                if (w > worst_by_dtype[i]) worst_by_dtype[i] = w;
-            }
+        if (di < N_DTYPES) {
+            ps->counted[di]++;
+            ps->worst[di] = fmax(ps->worst[di], w);
+            ps->cost[di] = fmax(ps->cost[di], cost);
+            ps->rows[di] += e.rows, ps->agree[di] += e.agree, ps->alt_agree[di] += e.alt_agree;
+        }
         free(logits);
     } else {
         printf("%-20s %-5s FAILED to run\n", name, dtype);
     }
     td_forward_free(fw);
     if (model) td_model_free(model);
-    for (int i = 0; i < o->np; i++) free(ref[i]);
+    for (int i = 0; i < o->np; i++) free(deq[i]), free(rnd[i]);
+}
+
+static void print_stats(const char *what, const pass_stats *ps, double bound, int cost) {
+    printf("%s: worst max|dlogprob| per dtype (bound %.0e):", what, bound);
+    for (int i = 0; i < N_DTYPES; i++)
+        if (ps->counted[i]) printf(" %s %.2e (%d files)", dtypes[i], ps->worst[i], ps->counted[i]);
+    printf("\n");
+    if (!cost) return;
+    printf("%s: rows within %.0e of the rounded oracle:", what, TOL);
+    for (int i = 0; i < N_DTYPES; i++)
+        if (ps->counted[i] && ps->cost[i] > 0)
+            printf(" %s %.3f (dequantized oracle: %.3f)", dtypes[i], (double)ps->agree[i] / ps->rows[i],
+                   (double)ps->alt_agree[i] / ps->rows[i]);
+    printf("\n%s: against the dequantized oracle (the cost of rounding activations):", what);
+    for (int i = 0; i < N_DTYPES; i++)
+        if (ps->counted[i] && ps->cost[i] > 0) printf(" %s %.2e", dtypes[i], ps->cost[i]);
+    printf("\n");
 }
 
 int main(void) {
@@ -334,15 +439,44 @@ int main(void) {
     CHECK(o.vocab > 0 && o.np >= 2 && o.n_greedy_prompt > 0 && n_models > 0,
           "%s: incomplete index (vocab %d, %d prompts, %d models)", index, o.vocab, o.np, n_models);
 
-    const char *dtypes[] = {"F32", "F16", "BF16", "Q8_0", "Q4_0"};
-    double worst[5] = {0};
-    int counted[5] = {0};
+    // Pass 1: the kernel set in force (TANDEM_KERNELS, else auto), with the oracle of its semantics.
+    const td_kernels *k = td_kernels_get(NULL);
+    CHECK(k != NULL, "no kernel set for TANDEM_KERNELS=%s", getenv("TANDEM_KERNELS"));
+    if (!k) TEST_DONE();
+    const int rounds = tk_rounds_activations();
+    char set[32];
+    snprintf(set, sizeof set, "%s", k->name);
+    printf("kernel set %s (%s)\n", set, rounds ? "activations rounded for Q8_0/Q4_0/BF16" : "exact");
+    pass_stats p1 = {0}, p2 = {0};
     const cJSON *m;
-    cJSON_ArrayForEach(m, models) check_model(dir, m, &o, worst, counted, dtypes, 5);
-    printf("worst max|dlogprob| per dtype (bound %.0e):", TOL);
-    for (int i = 0; i < 5; i++) printf(" %s %.2e (%d files)", dtypes[i], worst[i], counted[i]);
-    printf("\n");
-    for (int i = 0; i < 5; i++) CHECK(counted[i] >= 5, "only %d %s model files ran", counted[i], dtypes[i]);
+    cJSON_ArrayForEach(m, models)
+        check_model(dir, m, &o, rounds && cJSON_GetObjectItem(m, "act") != NULL, &p1);
+    print_stats(set, &p1, rounds ? TOL_ACT : TOL, rounds);
+    if (rounds) {
+        long rows = 0, agree = 0;
+        for (int i = 2; i < N_DTYPES; i++) rows += p1.rows[i], agree += p1.agree[i];
+        CHECK(agree >= MIN_AGREE_ALL * rows, "only %ld of %ld rows of Q8_0/Q4_0/BF16 files within %.0e of the "
+              "rounded oracle", agree, rows, TOL);
+    }
+    for (int i = 0; i < N_DTYPES; i++) CHECK(p1.counted[i] >= 5, "only %d %s model files ran", p1.counted[i], dtypes[i]);
+
+    // Pass 2: the files pass 1 compared with the rounded oracle, on the best exact set, exactly.
+    if (rounds) {
+        const char *saved = getenv("TANDEM_KERNELS");
+        char keep[64];
+        snprintf(keep, sizeof keep, "%s", saved ? saved : "");
+        setenv("TANDEM_KERNELS", tk_exact_set(), 1);
+        printf("kernel set %s (exact)\n", tk_exact_set());
+        cJSON_ArrayForEach(m, models)
+            if (cJSON_GetObjectItem(m, "act")) check_model(dir, m, &o, 0, &p2);
+        print_stats(tk_exact_set(), &p2, TOL, 0);
+        CHECK(p2.counted[2] >= 5 && p2.counted[3] >= 5 && p2.counted[4] >= 5,
+              "exact pass ran %d BF16, %d Q8_0, %d Q4_0 files", p2.counted[2], p2.counted[3], p2.counted[4]);
+        if (saved)
+            setenv("TANDEM_KERNELS", keep, 1);
+        else
+            unsetenv("TANDEM_KERNELS");
+    }
     for (int i = 0; i < o.np; i++) free(o.p[i].tok);
     free(o.greedy_prompt);
     cJSON_Delete(root);

@@ -23,6 +23,7 @@
 
 #include "base/file.h"
 #include "base/log.h"
+#include "kernel_choice.h"
 #include "test_util.h"
 
 typedef struct server {
@@ -203,8 +204,9 @@ int main(void) {
     if (main_s.port && nc.port && ov.port) {
         double t0 = td_now();
         snprintf(cmd, sizeof cmd,
-                 "node tests/e2e/serve_real.test.js --port %d --nochat %d --override %d --oracle %s --model llama2",
-                 main_s.port, nc.port, ov.port, oracle);
+                 "node tests/e2e/serve_real.test.js --port %d --nochat %d --override %d --oracle %s --model llama2"
+                 " --rounded %d",
+                 main_s.port, nc.port, ov.port, oracle, tk_rounds_activations());
         rc = system(cmd);
         CHECK(rc == 0, "node serve_real.test.js failed (status %d)", rc);
         printf("node e2e: %.2f s\n", td_now() - t0);
