@@ -1,7 +1,7 @@
 // AVX-512 row and element kernels (rmsnorm, silu_mul, add, rope, attention) and the two AVX-512
 // kernel tables; the matmuls are in avx512_matmul.c. Each kernel keeps the reference's work split
-// and numerics up to f32 reordering (exp by a ~1-ulp polynomial). kv_write and embed are
-// memory copies/conversions and reuse the reference. Not here: an AVX2-only table.
+// and numerics up to f32 reordering (exp by a ~1-ulp polynomial); attention reads f32, f16 and
+// bf16 caches, kv_write rounds into them. embed reuses the reference. Not here: an AVX2-only table.
 #include "kernels/x86/x86.h"
 
 #ifdef TD_KERNELS_X86
@@ -107,18 +107,65 @@ static void rope(const td_rope_args *a, int ith, int nth) {
 
 #define ATTN_TILE 64  // keys scored at once, as the reference
 
-static inline float dot(const float *a, const float *b, int n) {
-    __m512 acc = _mm512_setzero_ps();
+// 16 elements (masked: the first lanes of m) of a KV-cache row from element i, as f32. F16 and
+// BF16 widen exactly in registers (vcvtph2ps; bf16 is the top half of an f32), so a 16-bit cache
+// is read in place at half the bytes. DT is a compile-time constant in every caller.
+static inline __attribute__((always_inline)) __m512 kv_load(const void *row, size_t i, __mmask16 m, const td_dtype DT) {
+    if (DT == TD_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i));
+    if (DT == TD_BF16)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i)), 16));
+    return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+}
+static inline __attribute__((always_inline)) __m512 kv_load16(const void *row, size_t i, const td_dtype DT) {
+    if (DT == TD_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)));
+    if (DT == TD_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))), 16));
+    return _mm512_loadu_ps((const float *)row + i);
+}
+
+// f32 -> cache rows: f16 by vcvtps2ph (round to nearest even, as td_f32_to_f16), bf16 by the
+// reference's integer rounding on 16 lanes. Equal to td_ref_kv_write for every non-NaN input (a
+// NaN stays a NaN; its payload may differ).
+static void kv_store_row(void *dst, const float *x, int n, td_dtype dt) {
+    if (dt == TD_F32) {
+        memcpy(dst, x, (size_t)n * 4);
+        return;
+    }
+    uint16_t *d = dst;
     for (int i = 0; i < n; i += 16) {
         const __mmask16 m = td_x86_mask16(n - i);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m256i h;
+        if (dt == TD_F16) {
+            h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        } else {
+            const __m512i u = _mm512_castps_si512(v);
+            const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+            __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+            const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);  // quiet NaN, as the reference
+            r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+            h = _mm512_cvtepi32_epi16(r);
+        }
+        _mm256_mask_storeu_epi16(d + i, m, h);
     }
-    return _mm512_reduce_add_ps(acc);
+}
+
+static void kv_write(const td_kv_write_args *a, int ith, int nth) {
+    const int d = a->kv->kv_dim;
+    long lo, hi;
+    td_split(a->n_tok, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++) {
+        kv_store_row(td_kv_k_row(a->kv, a->seq_id[t], a->pos[t]), a->k + (size_t)t * d, d, a->kv->dtype);
+        kv_store_row(td_kv_v_row(a->kv, a->seq_id[t], a->pos[t]), a->v + (size_t)t * d, d, a->kv->dtype);
+    }
 }
 
 // One (token, head) work item with head_dim = 16 NV: q and the output accumulator live in NV
 // registers each; otherwise the same online softmax as the generic loop below.
-static inline __attribute__((always_inline)) void attend_regs(const td_attention_args *a, int t, int h, const int NV) {
+static inline __attribute__((always_inline)) void attend_regs(const td_attention_args *a, int t, int h, const int NV,
+                                                              const td_dtype DT) {
     const int hd = 16 * NV, group = a->n_heads / a->n_kv_heads;
     const int seq = a->seq_id[t], n_keys = a->pos[t] + 1;
     const size_t koff = (size_t)(h / group) * hd;
@@ -132,10 +179,10 @@ static inline __attribute__((always_inline)) void attend_regs(const td_attention
         const int nj = n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE;
         float mt = -INFINITY;
         for (int j = 0; j < nj; j++) {
-            const float *k = td_kv_k_row(a->kv, seq, j0 + j) + koff;
-            __m512 d = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+            const void *k = td_kv_k_row(a->kv, seq, j0 + j);
+            __m512 d = _mm512_mul_ps(q[0], kv_load16(k, koff, DT));
             TD_UNROLL
-            for (int v = 1; v < NV; v++) d = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), d);
+            for (int v = 1; v < NV; v++) d = _mm512_fmadd_ps(q[v], kv_load16(k, koff + 16 * v, DT), d);
             s[j] = _mm512_reduce_add_ps(d) * a->scale;
             if (s[j] > mt) mt = s[j];
         }
@@ -152,11 +199,11 @@ static inline __attribute__((always_inline)) void attend_regs(const td_attention
             _mm512_mask_storeu_ps(s + j, mk, e);
         }
         for (int j = 0; j < nj; j++) {
-            const float *vr = td_kv_v_row(a->kv, seq, j0 + j) + koff;
+            const void *vr = td_kv_v_row(a->kv, seq, j0 + j);
             const __m512 e = _mm512_set1_ps(s[j]);
             l += s[j];
             TD_UNROLL
-            for (int v = 0; v < NV; v++) o[v] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * v), o[v]);
+            for (int v = 0; v < NV; v++) o[v] = _mm512_fmadd_ps(e, kv_load16(vr, koff + 16 * v, DT), o[v]);
         }
     }
     float *out = a->out + ((size_t)t * a->n_heads + h) * hd;
@@ -165,24 +212,25 @@ static inline __attribute__((always_inline)) void attend_regs(const td_attention
     for (int v = 0; v < NV; v++) _mm512_storeu_ps(out + 16 * v, _mm512_mul_ps(o[v], il));
 }
 
-// The reference's online softmax over tiles of keys, with vector dots, exps and axpys; head_dim
-// 64 and 128 (the common ones) keep q and the output in registers.
-static void attention(const td_attention_args *a, int ith, int nth) {
-    if (a->head_dim == 64 || a->head_dim == 128) {
-        long lo, hi;
-        td_split((long)a->n_tok * a->n_heads, ith, nth, &lo, &hi);
-        for (long w = lo; w < hi; w++) {
-            if (a->head_dim == 64)
-                attend_regs(a, (int)(w / a->n_heads), (int)(w % a->n_heads), 4);
-            else
-                attend_regs(a, (int)(w / a->n_heads), (int)(w % a->n_heads), 8);
-        }
+static inline __attribute__((always_inline)) float dot(const float *a, const void *row, size_t koff, int n,
+                                                       const td_dtype DT) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = td_x86_mask16(n - i);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), kv_load(row, koff + (size_t)i, m, DT), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+// Work items [lo, hi) with head_dim in registers (NV > 0: 16 NV) or any head_dim (NV = 0).
+static inline __attribute__((always_inline)) void attend_range(const td_attention_args *a, long lo, long hi,
+                                                               const int NV, const td_dtype DT) {
+    if (NV) {
+        for (long w = lo; w < hi; w++) attend_regs(a, (int)(w / a->n_heads), (int)(w % a->n_heads), NV, DT);
         return;
     }
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
     float o[TD_ATTN_MAX_HEAD_DIM] __attribute__((aligned(64))), s[ATTN_TILE] __attribute__((aligned(64)));
-    long lo, hi;
-    td_split((long)a->n_tok * a->n_heads, ith, nth, &lo, &hi);
     for (long w = lo; w < hi; w++) {
         const int t = (int)(w / a->n_heads), h = (int)(w % a->n_heads);
         const int seq = a->seq_id[t], n_keys = a->pos[t] + 1;
@@ -194,7 +242,7 @@ static void attention(const td_attention_args *a, int ith, int nth) {
             const int nj = n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE;
             float mt = -INFINITY;
             for (int j = 0; j < nj; j++) {
-                s[j] = dot(q, td_kv_k_row(a->kv, seq, j0 + j) + koff, hd) * a->scale;
+                s[j] = dot(q, td_kv_k_row(a->kv, seq, j0 + j), koff, hd, DT) * a->scale;
                 if (s[j] > mt) mt = s[j];
             }
             if (mt > m) {
@@ -212,12 +260,13 @@ static void attention(const td_attention_args *a, int ith, int nth) {
                 _mm512_mask_storeu_ps(s + j, mk, e);
             }
             for (int j = 0; j < nj; j++) {
-                const float *v = td_kv_v_row(a->kv, seq, j0 + j) + koff;
+                const void *v = td_kv_v_row(a->kv, seq, j0 + j);
                 const __m512 e = _mm512_set1_ps(s[j]);
                 l += s[j];
                 for (int i = 0; i < hd; i += 16) {
                     const __mmask16 mk = td_x86_mask16(hd - i);
-                    _mm512_mask_storeu_ps(o + i, mk, _mm512_fmadd_ps(e, _mm512_maskz_loadu_ps(mk, v + i), _mm512_maskz_loadu_ps(mk, o + i)));
+                    _mm512_mask_storeu_ps(o + i, mk, _mm512_fmadd_ps(e, kv_load(v, koff + (size_t)i, mk, DT),
+                                                                     _mm512_maskz_loadu_ps(mk, o + i)));
                 }
             }
         }
@@ -230,6 +279,36 @@ static void attention(const td_attention_args *a, int ith, int nth) {
     }
 }
 
+static void attend_f32(const td_attention_args *a, long lo, long hi, int nv) {
+    if (nv == 4) attend_range(a, lo, hi, 4, TD_F32);
+    else if (nv == 8) attend_range(a, lo, hi, 8, TD_F32);
+    else attend_range(a, lo, hi, 0, TD_F32);
+}
+static void attend_f16(const td_attention_args *a, long lo, long hi, int nv) {
+    if (nv == 4) attend_range(a, lo, hi, 4, TD_F16);
+    else if (nv == 8) attend_range(a, lo, hi, 8, TD_F16);
+    else attend_range(a, lo, hi, 0, TD_F16);
+}
+static void attend_bf16(const td_attention_args *a, long lo, long hi, int nv) {
+    if (nv == 4) attend_range(a, lo, hi, 4, TD_BF16);
+    else if (nv == 8) attend_range(a, lo, hi, 8, TD_BF16);
+    else attend_range(a, lo, hi, 0, TD_BF16);
+}
+
+// The reference's online softmax over tiles of keys, with vector dots, exps and axpys, one body
+// specialised per cache dtype; head_dim 64 and 128 (the common ones) keep q and the output in
+// registers.
+static void attention(const td_attention_args *a, int ith, int nth) {
+    const int nv = a->head_dim == 64 ? 4 : a->head_dim == 128 ? 8 : 0;
+    long lo, hi;
+    td_split((long)a->n_tok * a->n_heads, ith, nth, &lo, &hi);
+    switch (a->kv->dtype) {
+    case TD_F16: attend_f16(a, lo, hi, nv); break;
+    case TD_BF16: attend_bf16(a, lo, hi, nv); break;
+    default: attend_f32(a, lo, hi, nv); break;
+    }
+}
+
 TD_X86_TARGET_END
 
 const td_kernels td_kernels_avx512 = {
@@ -237,7 +316,7 @@ const td_kernels td_kernels_avx512 = {
     .matmul = td_avx512_matmul,
     .rmsnorm = rmsnorm,
     .rope = rope,
-    .kv_write = td_ref_kv_write,
+    .kv_write = kv_write,
     .attention = attention,
     .silu_mul = silu_mul,
     .embed = td_ref_embed,
@@ -249,7 +328,7 @@ const td_kernels td_kernels_avx512_int8 = {
     .matmul = td_avx512_matmul_int8,
     .rmsnorm = rmsnorm,
     .rope = rope,
-    .kv_write = td_ref_kv_write,
+    .kv_write = kv_write,
     .attention = attention,
     .silu_mul = silu_mul,
     .embed = td_ref_embed,
