@@ -1,9 +1,10 @@
 // The serving engine (engine/engine.h) on the reference models: greedy output against the PyTorch
 // oracle (.cache/ref/oracle.json) and against td_forward-only decoding; 32 concurrent requests
 // each equal to the same request served alone; preemption under a tiny KV pool; prefix-cache
-// reuse; prompt log-probabilities against the oracle with a warm prefix cache; cancellation
-// returning every block; the same batching, preemption and prefix reuse over an f16 KV cache; n > 1 with seeds; stop strings and stop ids; bad submissions; a soak of
-// a few thousand random requests with random cancels (pool whole, RSS flat afterwards).
+// reuse; prompt log-probabilities against the oracle with a warm prefix cache; the same batching,
+// preemption and prefix reuse over an f16 KV cache; cancellation returning every block; n > 1
+// with seeds; stop strings and stop ids; bad submissions; a soak of a few thousand random
+// requests with random cancels (pool whole, RSS flat afterwards).
 // Needs: /usr/bin/python3 tests/reference/make_models.py (writes .cache/ref).
 #define _GNU_SOURCE  // memmem
 #include <pthread.h>
