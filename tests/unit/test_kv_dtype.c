@@ -2,7 +2,7 @@
 // rounds exactly as td_from_f32; attention over a 16-bit cache equals (bit for bit) the same set's
 // attention over an f32 cache holding the rounded values, stays within f32 noise of a float64
 // oracle computed from the rounded K/V, and within a bound derived from the rounding of the
-// unrounded f32 cache's result. Paged, out-of-order blocks; GQA; head_dim 24/64/80/128.
+// unrounded f32 cache's result. Paged, out-of-order blocks; GQA; head_dim 18/24/64/80/128.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -182,6 +182,7 @@ int main(void) {
         {8, 2, 80, 16},   // GQA 4, head_dim 80: the generic path with masked tails
         {6, 2, 128, 7},   // GQA 3, head_dim 128, blocks of 7
         {3, 1, 24, 5},    // MQA, head_dim not a multiple of 16
+        {2, 1, 18, 3},    // head_dim not a multiple of 8 (avx2's scalar tails)
     };
     static const td_dtype dts[] = {TD_F16, TD_BF16};
     for (size_t s = 0; s < sizeof names / sizeof names[0]; s++) {
