@@ -369,7 +369,8 @@ static int bench_single(const bench_opts *o, const td_model *m, const td_bench_c
     double mean, sd;
     stats(&s, &mean, &sd);
     double flops = pp ? run_flops(cfg, &c, 0, n, 1) : run_flops(cfg, &c, 0, n, n);
-    double bytes = (double)n * c.weight_bytes + kv_read_bytes(cfg, td_kv_elem_bytes(o->kv_dtype), 0, n);  // tg: read per run
+    const size_t kv_elem = td_kv_elem_bytes(o->kv_dtype);
+    double bytes = (double)n * c.weight_bytes + kv_read_bytes(cfg, kv_elem, 0, n);  // tg: read per run
     double med = median_sec(&s);
     double gflops = flops / med / 1e9, gbs = bytes / med / 1e9;
     double frac = pp ? (ceil->fma_gflops > 0 ? gflops / ceil->fma_gflops : -1)

@@ -48,9 +48,10 @@ typedef struct td_eng_params {
 td_eng_params td_eng_default_params(void);
 
 // Creates the engine and starts its thread. m and tok are borrowed and must outlive the engine.
-// The pool holds kv_cache_dtype elements. Errors: TD_ERR_INVALID (bad params or KV dtype, a chat_template
-// override that does not compile), TD_ERR_LIMIT (budget holds no block), TD_ERR_NOMEM. A
-// tokenizer template that does not compile is logged and chat requests then fail with its message.
+// The pool holds kv_cache_dtype elements. Errors: TD_ERR_INVALID (bad params or KV dtype, a
+// chat_template override that does not compile), TD_ERR_LIMIT (budget holds no block),
+// TD_ERR_NOMEM. A tokenizer template that does not compile is logged and chat requests then fail
+// with its message.
 // On failure *out is NULL and nothing leaks.
 td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng_params *p, td_eng **out,
                         td_err *err);

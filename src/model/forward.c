@@ -1,7 +1,8 @@
 // Llama-family inference forward over a flat multi-sequence batch, reading weights in place and
 // calling math only through the backend. Sizes everything at create; td_forward_run allocates
-// nothing. Owns a contiguous KV cache (f32, f16 or bf16) (one block of max_ctx rows per sequence per layer), or
-// none when created with external_kv (td_forward_run_kv then reads the caller's paged cache).
+// nothing. Owns a contiguous KV cache of f32, f16 or bf16 (one block of max_ctx rows per sequence
+// per layer), or none when created with external_kv (td_forward_run_kv then reads the caller's
+// paged cache).
 #include "model/forward.h"
 
 #include <math.h>
