@@ -1,7 +1,8 @@
-// Strict parsing of numeric command-line values.
+// Strict parsing of numeric (and KV dtype) command-line values.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 
 #include "cli/cli.h"
 
@@ -34,6 +35,24 @@ int td_arg_float(const char *name, const char *v, double lo, double hi, double *
         return 0;
     }
     *out = x;
+    return 1;
+}
+
+int td_arg_kv_dtype(const char *name, const char *v, td_dtype *out) {
+    if (!v) {
+        fprintf(stderr, "tandem: %s needs a value\n", name);
+        return 0;
+    }
+    if (!strcasecmp(v, "auto") || !strcasecmp(v, "f32")) {
+        *out = TD_F32;
+    } else if (!strcasecmp(v, "f16")) {
+        *out = TD_F16;
+    } else if (!strcasecmp(v, "bf16")) {
+        *out = TD_BF16;
+    } else {
+        fprintf(stderr, "tandem: %s expects auto, f32, f16 or bf16, got '%s'\n", name, v);
+        return 0;
+    }
     return 1;
 }
 

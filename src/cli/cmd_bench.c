@@ -39,6 +39,7 @@ static void bench_usage(FILE *f) {
             "  --ceil-int8-giops X    ... X GOP/s as the int8 VNNI ceiling (with --ceil-gbs and --ceil-gflops)\n"
             "  --ceil-bf16-gflops X   ... X GFLOP/s as the BF16 dot-product ceiling (likewise)\n"
             "  --ceil-mib M           read-bandwidth buffer size in MiB (default 512)\n"
+            "  --kv-cache-dtype T     KV cache element type: auto (= f32), f32, f16 or bf16\n"
             "pp/tg: like llama-bench -p N / -n N (tg starts from an empty cache; every generated\n"
             "token's logits are computed, pp computes only the last one's). See docs/bench.md.\n");
 }
@@ -49,6 +50,7 @@ typedef struct {
     double ceil_gbs, ceil_gflops, ceil_int8, ceil_bf16;
     bool json, no_ceil;
     int batches[MAX_BATCHES], n_batches;
+    td_dtype kv_dtype;
 } bench_opts;
 
 static int parse_batches(const char *v, bench_opts *o) {
@@ -110,6 +112,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
             if (!parse_batches(TAKE(), o)) return -1;
         } else if (!strcmp(a, "--json")) {
             o->json = true;
+        } else if (!strcmp(a, "--kv-cache-dtype")) {
+            if (!td_arg_kv_dtype(a, TAKE(), &o->kv_dtype)) return -1;
         } else if (!strcmp(a, "--no-ceil")) {
             o->no_ceil = true;
         } else if (!strcmp(a, "--ceil-gbs")) {
@@ -188,9 +192,9 @@ static double run_flops(const td_model_config *cfg, const model_cost *c, long p0
 }
 
 // KV cache bytes that attention reads for n_tok single tokens at positions p0 .. p0+n_tok-1
-// (f32 keys and values, as td_forward caches them).
-static double kv_read_bytes(const td_model_config *cfg, long p0, long n_tok) {
-    double row = 2.0 * cfg->n_layers * cfg->n_kv_heads * cfg->head_dim * sizeof(float);
+// (keys and values of elem_bytes each, as td_forward caches them).
+static double kv_read_bytes(const td_model_config *cfg, size_t elem_bytes, long p0, long n_tok) {
+    double row = 2.0 * cfg->n_layers * cfg->n_kv_heads * cfg->head_dim * (double)elem_bytes;
     return row * ((double)n_tok * p0 + (double)n_tok * (n_tok + 1) / 2.0);
 }
 
@@ -314,6 +318,7 @@ static int run_init(bench_run *r, const td_model *m, const bench_opts *o, int ma
     fp.max_seqs = max_seqs;
     fp.max_ctx = max_ctx;
     fp.n_threads = (int)o->threads;
+    fp.kv_dtype = o->kv_dtype;
     td_err err;
     if (td_forward_create(m, &fp, &r->fwd, &err) != TD_OK) {
         fprintf(stderr, "tandem bench: %s\n", err.msg);
@@ -390,7 +395,8 @@ static int bench_single(const bench_opts *o, const td_model *m, const td_bench_c
     double mean, sd;
     stats(&s, &mean, &sd);
     double flops = pp ? run_flops(cfg, &c, 0, n, 1) : run_flops(cfg, &c, 0, n, n);
-    double bytes = (double)n * c.weight_bytes + kv_read_bytes(cfg, 0, n);  // tg: read per run
+    const size_t kv_elem = td_kv_elem_bytes(o->kv_dtype);
+    double bytes = (double)n * c.weight_bytes + kv_read_bytes(cfg, kv_elem, 0, n);  // tg: read per run
     double med = median_sec(&s);
     double gflops = flops / med / 1e9, gbs = bytes / med / 1e9;
     const char *pp_ceil_name;
@@ -403,6 +409,7 @@ static int bench_single(const bench_opts *o, const td_model *m, const td_bench_c
         cJSON_AddStringToObject(j, "model", o->model);
         cJSON_AddStringToObject(j, "arch", td_arch_name(cfg->arch));
         cJSON_AddStringToObject(j, "type", c.dtype);
+        cJSON_AddStringToObject(j, "kv_dtype", td_dtype_name(o->kv_dtype));
         cJSON_AddNumberToObject(j, "params", c.params);
         cJSON_AddNumberToObject(j, "weight_bytes", c.weight_bytes);
         cJSON_AddNumberToObject(j, "threads", (double)o->threads);
@@ -478,7 +485,7 @@ static int bench_batched(const bench_opts *o, const td_model *m, const td_bench_
         double mean, sd;
         stats(&s, &mean, &sd);
         double med = median_sec(&s);
-        double bytes = (double)n * c.weight_bytes + B * kv_read_bytes(cfg, p, n);
+        double bytes = (double)n * c.weight_bytes + B * kv_read_bytes(cfg, td_kv_elem_bytes(o->kv_dtype), p, n);
         double gbs = bytes / med / 1e9;
         double frac = ceil->read_gbs > 0 ? gbs / ceil->read_gbs : -1;
         if (o->json) {
@@ -507,6 +514,7 @@ static int bench_batched(const bench_opts *o, const td_model *m, const td_bench_
         cJSON_AddStringToObject(j, "test", "batched");
         cJSON_AddStringToObject(j, "model", o->model);
         cJSON_AddStringToObject(j, "type", c.dtype);
+        cJSON_AddStringToObject(j, "kv_dtype", td_dtype_name(o->kv_dtype));
         cJSON_AddNumberToObject(j, "params", c.params);
         cJSON_AddNumberToObject(j, "weight_bytes", c.weight_bytes);
         cJSON_AddNumberToObject(j, "threads", (double)o->threads);

@@ -34,7 +34,8 @@ static void run_usage(FILE *f) {
             "  --json                print one JSON object instead of streaming text\n"
             "  --threads N           worker threads (default: all cores)\n"
             "  --batch N             prompt tokens per forward pass (default 256)\n"
-            "  --ctx N               context length (default: prompt + max tokens, capped by the model)\n");
+            "  --ctx N               context length (default: prompt + max tokens, capped by the model)\n"
+            TD_KV_DTYPE_HELP);
 }
 
 typedef struct {
@@ -43,6 +44,7 @@ typedef struct {
     double temperature, top_p, min_p;
     bool has_temp, has_top_k, has_top_p, has_min_p, has_seed, ignore_eos, echo, json;
     unsigned long long seed;
+    td_dtype kv_dtype;
 } run_opts;
 
 static int parse_opts(int argc, char **argv, run_opts *o) {
@@ -89,6 +91,8 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
             if (!td_arg_int(a, TAKE(), 1, 1 << 16, &o->batch)) return -1;
         } else if (!strcmp(a, "--ctx")) {
             if (!td_arg_int(a, TAKE(), 1, 1 << 24, &o->ctx)) return -1;
+        } else if (!strcmp(a, "--kv-cache-dtype")) {
+            if (!td_arg_kv_dtype(a, TAKE(), &o->kv_dtype)) return -1;
         } else if (!strcmp(a, "--ignore-eos")) {
             o->ignore_eos = true;
         } else if (!strcmp(a, "--echo")) {
@@ -238,6 +242,7 @@ int td_cmd_run(int argc, char **argv) {
     fp.max_seqs = 1;
     fp.max_ctx = (int)ctx;
     fp.n_threads = (int)o.threads;
+    fp.kv_dtype = o.kv_dtype;
     if (td_forward_create(m, &fp, &fwd, &err) != TD_OK) {
         fprintf(stderr, "tandem run: %s\n", err.msg);
         goto done;

@@ -30,6 +30,8 @@ static void serve_usage(FILE *f) {
             "  --max-seqs N             sequences running at once (default 32)\n"
             "  --max-model-len N        context length (default: the model's)\n"
             "  --block-size N           tokens per KV block (default 16)\n"
+            "  --kv-cache-dtype T       KV cache element type: auto (= f32), f32, f16 or bf16; f16/bf16\n"
+            "                           hold twice the tokens in the same --kv-cache-memory\n"
             "  --served-model-name NAME model id clients use (default: MODEL's last path component)\n"
             "  --chat-template FILE     Jinja chat template overriding the tokenizer's\n"
             "  --no-prefix-caching      do not reuse KV of shared prompt prefixes\n"
@@ -42,6 +44,7 @@ typedef struct {
     long port, max_batched, max_seqs, max_len, block_size, threads, shutdown_s;
     size_t kv_bytes;
     bool no_prefix;
+    td_dtype kv_dtype;
 } serve_opts;
 
 static int parse_bytes(const char *name, const char *v, size_t *out) {
@@ -86,6 +89,8 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
             if (!td_arg_int(a, TAKE(), 1, 4096, &o->max_seqs)) return -1;
         } else if (!strcmp(a, "--max-model-len")) {
             if (!td_arg_int(a, TAKE(), 2, 1 << 24, &o->max_len)) return -1;
+        } else if (!strcmp(a, "--kv-cache-dtype")) {
+            if (!td_arg_kv_dtype(a, TAKE(), &o->kv_dtype)) return -1;
         } else if (!strcmp(a, "--block-size")) {
             if (!td_arg_int(a, TAKE(), 1, 1024, &o->block_size)) return -1;
         } else if (!strcmp(a, "--threads")) {
@@ -166,6 +171,7 @@ int td_cmd_serve(int argc, char **argv) {
     td_eng_params ep = td_eng_default_params();
     ep.model_name = o.name;
     ep.kv_cache_bytes = o.kv_bytes;
+    ep.kv_cache_dtype = o.kv_dtype;
     if (o.max_batched) ep.max_batched_tokens = (int)o.max_batched;
     if (o.max_seqs) ep.max_seqs = (int)o.max_seqs;
     if (ep.max_batched_tokens < ep.max_seqs) ep.max_batched_tokens = ep.max_seqs;

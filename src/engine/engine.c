@@ -866,7 +866,11 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
     kp.n_layers = c->n_layers;
     kp.n_kv_heads = c->n_kv_heads;
     kp.head_dim = c->head_dim;
-    kp.dtype = TD_F32;
+    if (!td_kv_dtype_ok(p.kv_cache_dtype)) {
+        st = td_err_set(err, TD_ERR_INVALID, "engine: KV cache dtype must be f32, f16 or bf16");
+        goto fail;
+    }
+    kp.dtype = p.kv_cache_dtype;
     kp.alloc_data = true;
     size_t bpb = td_kv_pool_bytes_per_block(&kp);
     if (!bpb) {
@@ -939,7 +943,8 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
                                   .v = td_kv_pool_layer_v(e->pool, l),
                                   .block_table = e->tables,
                                   .block_size = p.block_size,
-                                  .kv_dim = e->kv_dim};
+                                  .kv_dim = e->kv_dim,
+                                  .dtype = p.kv_cache_dtype};
     e->p = p;
     e->p.model_name = e->model_name;
     e->p.chat_template = NULL;
@@ -951,9 +956,10 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
         goto fail;
     }
     e->th_started = true;
-    TD_LOGI("engine: %s: %d KV blocks of %d tokens (%zu MiB), max_model_len %d, max_seqs %d, "
+    TD_LOGI("engine: %s: %d KV blocks of %d tokens (%zu MiB, %s), max_model_len %d, max_seqs %d, "
             "max_batched_tokens %d, prefix cache %s",
-            e->model_name, n_blocks, p.block_size, (size_t)n_blocks * bpb >> 20, max_ctx, p.max_seqs,
+            e->model_name, n_blocks, p.block_size, (size_t)n_blocks * bpb >> 20, td_dtype_name(p.kv_cache_dtype),
+            max_ctx, p.max_seqs,
             p.max_batched_tokens, p.enable_prefix_cache ? "on" : "off");
     *out = e;
     return TD_OK;

@@ -29,6 +29,8 @@ typedef struct td_eng_params {
     double kv_cache_fraction;   // default 0.25
     int kv_blocks;              // > 0: exactly this many blocks (tests); budget ignored
     int block_size;             // tokens per KV block (default 16)
+    td_dtype kv_cache_dtype;    // K/V element type: TD_F32 (default; exact), TD_F16 or TD_BF16 (half
+                                //   the bytes per token, so a budget holds twice the blocks)
     int max_batched_tokens;     // tokens per step, decodes + prefill chunks (default 512); also the
                                 //   rows of the logits buffer (prompt logprobs need one per token)
     int max_seqs;               // sequences running at once (default 32)
@@ -46,9 +48,10 @@ typedef struct td_eng_params {
 td_eng_params td_eng_default_params(void);
 
 // Creates the engine and starts its thread. m and tok are borrowed and must outlive the engine.
-// The pool is f32 (the kernels read f32). Errors: TD_ERR_INVALID (bad params, a chat_template
-// override that does not compile), TD_ERR_LIMIT (budget holds no block), TD_ERR_NOMEM. A
-// tokenizer template that does not compile is logged and chat requests then fail with its message.
+// The pool holds kv_cache_dtype elements. Errors: TD_ERR_INVALID (bad params or KV dtype, a
+// chat_template override that does not compile), TD_ERR_LIMIT (budget holds no block),
+// TD_ERR_NOMEM. A tokenizer template that does not compile is logged and chat requests then fail
+// with its message.
 // On failure *out is NULL and nothing leaks.
 td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng_params *p, td_eng **out,
                         td_err *err);

@@ -1,5 +1,5 @@
 // Kernel table: the math a Llama-family forward needs (matmul over any weight dtype, RMSNorm, RoPE,
-// causal attention over a block-addressed f32 KV cache, SwiGLU, embedding rows, residual add).
+// causal attention over a block-addressed f32/f16/bf16 KV cache, SwiGLU, embedding rows, residual add).
 // Kernels are pure functions over one (ith, nth) slice of the work: they never allocate, never
 // spawn threads and never fail; the backend (src/backend/) runs them on its thread pool and checks
 // arguments. A variant (AVX-512, AMX, ...) is a new td_kernels table tested against the reference.
@@ -45,25 +45,36 @@ typedef struct td_rope_args {
 // One layer of the KV cache, addressed by blocks so the same kernel reads a contiguous cache
 // (one block of max_ctx rows per sequence) or a paged pool (block tables of shared blocks).
 // Row (seq, pos) lives in block block_table[seq][pos / block_size], row pos % block_size; a row is
-// n_kv_heads * head_dim f32 (post-RoPE keys, values).
+// n_kv_heads * head_dim elements of dtype (post-RoPE keys, values): TD_F32 (the value of a zeroed
+// view, so older initializers stay f32), TD_F16 or TD_BF16. Attention converts 16-bit rows to f32
+// as it reads them (exact); kv_write rounds f32 to the cache type to nearest even.
 typedef struct td_kv_layer {
-    float *k;                          // [n_blocks, block_size, kv_dim]
-    float *v;                          // [n_blocks, block_size, kv_dim]
+    void *k;                           // [n_blocks, block_size, kv_dim] of dtype
+    void *v;                           // [n_blocks, block_size, kv_dim] of dtype
     const int32_t *const *block_table; // [n_seqs] -> block ids
     int block_size;                    // rows per block
     int kv_dim;                        // n_kv_heads * head_dim
+    td_dtype dtype;                    // TD_F32, TD_F16 or TD_BF16
 } td_kv_layer;
 
-static inline float *td_kv_k_row(const td_kv_layer *kv, int seq, int pos) {
+// 1 for the element types a KV cache may hold (TD_F32, TD_F16, TD_BF16).
+static inline int td_kv_dtype_ok(td_dtype t) { return t == TD_F32 || t == TD_F16 || t == TD_BF16; }
+static inline size_t td_kv_elem_bytes(td_dtype t) { return t == TD_F32 ? 4 : 2; }  // bytes
+
+// Start of row (seq, pos) of K (or V): kv_dim elements of kv->dtype.
+static inline void *td_kv_k_row(const td_kv_layer *kv, int seq, int pos) {
     int64_t b = kv->block_table[seq][pos / kv->block_size];
-    return kv->k + ((size_t)b * kv->block_size + (size_t)(pos % kv->block_size)) * kv->kv_dim;
+    return (char *)kv->k + ((size_t)b * kv->block_size + (size_t)(pos % kv->block_size)) * kv->kv_dim *
+                               td_kv_elem_bytes(kv->dtype);
 }
-static inline float *td_kv_v_row(const td_kv_layer *kv, int seq, int pos) {
+static inline void *td_kv_v_row(const td_kv_layer *kv, int seq, int pos) {
     int64_t b = kv->block_table[seq][pos / kv->block_size];
-    return kv->v + ((size_t)b * kv->block_size + (size_t)(pos % kv->block_size)) * kv->kv_dim;
+    return (char *)kv->v + ((size_t)b * kv->block_size + (size_t)(pos % kv->block_size)) * kv->kv_dim *
+                               td_kv_elem_bytes(kv->dtype);
 }
 
-// Copies k[n_tok, kv_dim] and v[n_tok, kv_dim] into the cache rows (seq_id[t], pos[t]).
+// Copies k[n_tok, kv_dim] and v[n_tok, kv_dim] into the cache rows (seq_id[t], pos[t]), converted
+// to the cache's dtype (round to nearest even, as td_from_f32).
 typedef struct td_kv_write_args {
     const td_kv_layer *kv;
     const float *k, *v;        // [n_tok, kv_dim]
@@ -74,6 +85,8 @@ typedef struct td_kv_write_args {
 // Causal attention: out[t, h, :] = softmax_j(q[t, h] . K[seq_t, j, h/g] * scale) V[seq_t, j, h/g]
 // over cache positions j in [0, pos[t]] (g = n_heads / n_kv_heads, grouped-query attention).
 // Softmax in f32 with max-subtraction (online, in tiles). head_dim <= TD_ATTN_MAX_HEAD_DIM.
+// F16/BF16 caches are read in place (each row converted to f32 as it is used, never copied out),
+// so the result equals the f32 kernel's over a cache holding the same rounded values.
 #define TD_ATTN_MAX_HEAD_DIM 512
 typedef struct td_attention_args {
     const float *q;               // [n_tok, n_heads, head_dim]

@@ -1,7 +1,8 @@
 // Llama-family inference forward over a flat multi-sequence batch, reading weights in place and
 // calling math only through the backend. Sizes everything at create; td_forward_run allocates
-// nothing. Owns a contiguous f32 KV cache (one block of max_ctx rows per sequence per layer), or
-// none when created with external_kv (td_forward_run_kv then reads the caller's paged cache).
+// nothing. Owns a contiguous KV cache of f32, f16 or bf16 (one block of max_ctx rows per sequence
+// per layer), or none when created with external_kv (td_forward_run_kv then reads the caller's
+// paged cache).
 #include "model/forward.h"
 
 #include <math.h>
@@ -28,7 +29,7 @@ struct td_forward {
     float *out_norm;  // [dim]
     float *vecs;      // the one buffer that lv and out_norm point into
 
-    float *kv;                // [n_layers][2][max_seqs][max_ctx][kv_dim]
+    unsigned char *kv;        // [n_layers][2][max_seqs][max_ctx][kv_dim] of p.kv_dtype
     td_kv_layer *kvl;         // [n_layers]
     int32_t *blk_ids;         // [max_seqs]: block of sequence s is s (one block per sequence)
     const int32_t **blk_tab;  // [max_seqs] -> &blk_ids[s]
@@ -226,6 +227,9 @@ td_status td_forward_create(const td_model *m, const td_forward_params *pp, td_f
     td_status st = check_config(&m->cfg, err);
     if (st) return st;
     if (p.max_ctx <= 0) p.max_ctx = m->cfg.max_pos > 0 && m->cfg.max_pos < 4096 ? m->cfg.max_pos : 4096;
+    if (!td_kv_dtype_ok(p.kv_dtype))
+        return td_err_set(err, TD_ERR_INVALID, "forward: KV cache dtype must be F32, F16 or BF16, not %s",
+                          td_dtype_name(p.kv_dtype));
     if (p.max_batch_tokens <= 0 || p.max_seqs <= 0)
         return td_err_set(err, TD_ERR_INVALID, "forward: max_batch_tokens %d and max_seqs %d must be > 0",
                           p.max_batch_tokens, p.max_seqs);
@@ -256,7 +260,7 @@ td_status td_forward_create(const td_model *m, const td_forward_params *pp, td_f
     }
     f->vecs = malloc(vecs_elems(c, f->q_dim, f->kv_dim) * sizeof(float));
     f->lv = calloc((size_t)c->n_layers, sizeof *f->lv);
-    f->kv = calloc(kv_elems, sizeof(float));
+    f->kv = calloc(kv_elems, td_kv_elem_bytes(p.kv_dtype));
     f->kvl = calloc((size_t)c->n_layers, sizeof *f->kvl);
     f->blk_ids = malloc((size_t)p.max_seqs * sizeof *f->blk_ids);
     f->blk_tab = malloc((size_t)p.max_seqs * sizeof *f->blk_tab);
@@ -266,7 +270,7 @@ td_status td_forward_create(const td_model *m, const td_forward_params *pp, td_f
     if (!f->vecs || !f->lv || !f->kv || !f->kvl || !f->blk_ids || !f->blk_tab || !f->seq_len ||
         !f->last_pos || !f->scratch) {
         st = td_err_set(err, TD_ERR_NOMEM, "forward: out of memory (KV cache %zu MiB, scratch %zu MiB)",
-                        kv_elems * 4 >> 20, scratch_elems * 4 >> 20);
+                        kv_elems * td_kv_elem_bytes(p.kv_dtype) >> 20, scratch_elems * 4 >> 20);
         goto fail;
     }
     if ((st = load_vecs(f, err)) || (st = rope_init(f, err))) goto fail;
@@ -275,13 +279,15 @@ td_status td_forward_create(const td_model *m, const td_forward_params *pp, td_f
         f->blk_ids[s] = s;
         f->blk_tab[s] = &f->blk_ids[s];
     }
-    const size_t layer_half = (size_t)p.max_seqs * (size_t)p.max_ctx * (size_t)f->kv_dim;
+    const size_t layer_half = (size_t)p.max_seqs * (size_t)p.max_ctx * (size_t)f->kv_dim *
+                              td_kv_elem_bytes(p.kv_dtype);  // bytes
     for (int l = 0; l < c->n_layers && !p.external_kv; l++) {
         f->kvl[l] = (td_kv_layer){.k = f->kv + (size_t)l * 2 * layer_half,
                                   .v = f->kv + ((size_t)l * 2 + 1) * layer_half,
                                   .block_table = f->blk_tab,
                                   .block_size = p.max_ctx,
-                                  .kv_dim = f->kv_dim};
+                                  .kv_dim = f->kv_dim,
+                                  .dtype = p.kv_dtype};
     }
     float *s = f->scratch;
     f->x = s, s += T * c->dim;
@@ -375,10 +381,12 @@ td_status td_forward_run_kv(td_forward *f, const td_batch *b, const td_kv_layer 
                             td_err *err) {
     if (!f || !b || !kv) return td_err_set(err, TD_ERR_INVALID, "forward: no forward, batch or KV cache");
     for (int l = 0; l < f->c.n_layers; l++)
-        if (!kv[l].k || !kv[l].v || !kv[l].block_table || kv[l].block_size <= 0 || kv[l].kv_dim != f->kv_dim)
+        if (!kv[l].k || !kv[l].v || !kv[l].block_table || kv[l].block_size <= 0 || kv[l].kv_dim != f->kv_dim ||
+            !td_kv_dtype_ok(kv[l].dtype))
             return td_err_set(err, TD_ERR_INVALID,
-                              "forward: KV layer %d: missing arrays or tables, block_size %d, kv_dim %d (want %d)",
-                              l, kv[l].block_size, kv[l].kv_dim, f->kv_dim);
+                              "forward: KV layer %d: missing arrays or tables, block_size %d, kv_dim %d (want %d), "
+                              "dtype %s",
+                              l, kv[l].block_size, kv[l].kv_dim, f->kv_dim, td_dtype_name(kv[l].dtype));
     return run(f, b, kv, logits, err);
 }
 

@@ -1,7 +1,8 @@
 // The Llama-family forward pass (Llama, Mistral, Qwen2, Qwen3) over one flat batch of tokens from
 // several sequences, continuing each sequence from its KV cache. Inference only: no saved
 // activations, no gradients. Weights are read in their stored dtype through the backend.
-// The KV cache here is contiguous per sequence (max_ctx rows per sequence, f32); attention reads it
+// The KV cache here is contiguous per sequence (max_ctx rows per sequence, f32 or, by kv_dtype,
+// f16/bf16); attention reads it
 // through a block table, so a paged pool can replace it without touching the kernels: a forward
 // created with external_kv owns no cache and td_forward_run_kv reads and writes the caller's
 // per-layer block-addressed arrays (the engine's td_kv_pool).
@@ -24,6 +25,7 @@ typedef struct td_forward_params {
     int n_threads;         // <= 0: all online CPUs
     bool external_kv;      // no own KV cache: only td_forward_run_kv may be used (max_ctx then
                            // only bounds positions; it sizes nothing)
+    td_dtype kv_dtype;     // element type of the own KV cache: TD_F32 (default), TD_F16, TD_BF16
 } td_forward_params;
 
 // max_batch_tokens 512, max_seqs 1, max_ctx 0 (model's, capped), n_threads 0, own KV cache.
@@ -57,8 +59,8 @@ void td_forward_free(td_forward *f);  // NULL is fine
 // TD_ERR_INVALID for a forward created with external_kv.
 td_status td_forward_run(td_forward *f, const td_batch *b, float *logits, td_err *err);
 
-// The same over a caller-owned KV cache: kv[n_layers] gives each layer's K/V arrays (f32,
-// [n_blocks, block_size, kv_dim] with kv_dim = n_kv_heads * head_dim) and a block table per batch
+// The same over a caller-owned KV cache: kv[n_layers] gives each layer's K/V arrays (kv[l].dtype
+// f32, f16 or bf16, [n_blocks, block_size, kv_dim] with kv_dim = n_kv_heads * head_dim) and a block table per batch
 // sequence id (kv[l].block_table[seq_id] -> block ids; all layers normally share one table array).
 // Batch sequence ids are only indices into those tables here, valid for this call. The caller
 // guarantees that every table covers positions [0, last position of that sequence in the batch]

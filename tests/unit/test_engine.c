@@ -1,9 +1,10 @@
 // The serving engine (engine/engine.h) on the reference models: greedy output against the PyTorch
 // oracle (.cache/ref/oracle.json) and against td_forward-only decoding; 32 concurrent requests
 // each equal to the same request served alone; preemption under a tiny KV pool; prefix-cache
-// reuse; prompt log-probabilities against the oracle with a warm prefix cache; cancellation
-// returning every block; n > 1 with seeds; stop strings and stop ids; bad submissions; a soak of
-// a few thousand random requests with random cancels (pool whole, RSS flat afterwards).
+// reuse; prompt log-probabilities against the oracle with a warm prefix cache; the same batching,
+// preemption and prefix reuse over an f16 KV cache; cancellation returning every block; n > 1
+// with seeds; stop strings and stop ids; bad submissions; a soak of a few thousand random
+// requests with random cancels (pool whole, RSS flat afterwards).
 // Needs: /usr/bin/python3 tests/reference/make_models.py (writes .cache/ref).
 #define _GNU_SOURCE  // memmem
 #include <pthread.h>
@@ -218,8 +219,11 @@ static void unload(loaded *L) {
     td_model_free(L->m);
 }
 
+static td_dtype g_kv_dtype = TD_F32;  // the cache type mk_eng gives engines
+
 static td_eng *mk_eng(loaded *L, int max_seqs, int max_batched, int kv_blocks, bool prefix) {
     td_eng_params p = td_eng_default_params();
+    p.kv_cache_dtype = g_kv_dtype;
     p.max_seqs = max_seqs;
     p.max_batched_tokens = max_batched;
     p.kv_blocks = kv_blocks;
@@ -396,7 +400,8 @@ static void test_batch_invariance(loaded *L) {
     double dlp = 0;
     for (int i = 0; i < N; i++) same += same_tokens(solo[i], 0, conc[i], 0, 1e-4, &dlp);
     CHECK(same == N, "32 concurrent == alone: %d of %d (max dlogprob %.3g)", same, N, dlp);
-    printf("batch invariance: %d/%d identical, max |dlogprob| %.2e\n", same, N, dlp);
+    CHECK(dlp == 0, "32 concurrent == alone bit for bit (max dlogprob %.3g)", dlp);
+    printf("batch invariance (%s KV): %d/%d identical, max |dlogprob| %.2e\n", td_dtype_name(g_kv_dtype), same, N, dlp);
     td_eng_debug d;
     td_eng_debug_get(e, &d);
     CHECK(d.n_steps > 0, "steps");
@@ -415,15 +420,17 @@ static void test_batch_invariance(loaded *L) {
     td_engine_stats st;
     td_eng_stats(e, &st);
     CHECK(same == N, "tiny pool: %d of %d equal to alone", same, N);
+    CHECK(dlp == 0, "tiny pool == alone bit for bit (max dlogprob %.3g)", dlp);
     CHECK(st.num_preemptions > 0, "tiny pool preempted (%llu)", (unsigned long long)st.num_preemptions);
-    printf("tiny pool (18 blocks): %d/%d identical, %llu preemptions\n", same, N,
-           (unsigned long long)st.num_preemptions);
+    printf("tiny pool (18 blocks, %s KV): %d/%d identical, max |dlogprob| %.2e, %llu preemptions\n",
+           td_dtype_name(g_kv_dtype), same, N, dlp, (unsigned long long)st.num_preemptions);
     free_eng(e);
     for (int i = 0; i < N; i++) free(solo[i]), free(conc[i]);
 }
 
-static void test_prefix_and_prompt_logprobs(loaded *L) {
-    // Prefix reuse: a 70-token prompt, then a request sharing its first 64 tokens.
+// Prefix reuse: a 70-token prompt, then a request sharing its first 64 tokens; returns the engine
+// (prefix cache on, 8 sequences, 32-token steps) for more requests.
+static td_eng *test_prefix_reuse(loaded *L) {
     int32_t a[70], b[75];
     for (int i = 0; i < 70; i++) a[i] = (int32_t)rnd(380);
     memcpy(b, a, 64 * sizeof(int32_t));
@@ -442,6 +449,11 @@ static void test_prefix_and_prompt_logprobs(loaded *L) {
     CHECK(same_tokens(rb, 0, rb2, 0, 1e-4, NULL), "prefix-cache hit gives the same output as no cache");
     free(ra), free(rb), free(rb2);
     free_eng(e2);
+    return e;
+}
+
+static void test_prefix_and_prompt_logprobs(loaded *L) {
+    td_eng *e = test_prefix_reuse(L);
 
     // Prompt logprobs against the oracle, with the prompt already in the cache and a 32-token
     // chunk budget (several chunks): every position must still be computed.
@@ -490,6 +502,35 @@ static void test_prefix_and_prompt_logprobs(loaded *L) {
     }
     free(raw);
     free_eng(e);
+}
+
+// The same engine over an f16 cache (td_eng_params.kv_cache_dtype): a byte budget holds twice the
+// f32 blocks; batched == alone bit for bit, also under preemption; prefix-cache hits give what
+// recomputing gives. (Its error against the oracle: test_kv_dtype_e2e.)
+static void test_f16_cache(loaded *L) {
+    td_eng_params p = td_eng_default_params();
+    p.kv_cache_bytes = 8 << 20;
+    p.max_seqs = 4;
+    p.n_threads = 1;
+    td_eng_debug d32 = {0}, d16 = {0};
+    td_err err = {0};
+    td_eng *e = NULL;
+    CHECK(td_eng_create(L->m, L->tok, &p, &e, &err) == TD_OK, "f32 engine: %s", err.msg);
+    if (e) td_eng_debug_get(e, &d32), td_eng_free(e);
+    p.kv_cache_dtype = TD_F16;
+    e = NULL;
+    CHECK(td_eng_create(L->m, L->tok, &p, &e, &err) == TD_OK, "f16 engine: %s", err.msg);
+    if (e) td_eng_debug_get(e, &d16), td_eng_free(e);
+    CHECK(d32.n_blocks > 0 && d16.n_blocks == 2 * d32.n_blocks, "8 MiB: %d f16 blocks, %d f32", d16.n_blocks,
+          d32.n_blocks);
+    p.kv_cache_dtype = TD_Q8_0;
+    e = NULL;
+    CHECK(td_eng_create(L->m, L->tok, &p, &e, &err) == TD_ERR_INVALID && !e, "Q8_0 KV cache refused");
+
+    g_kv_dtype = TD_F16;
+    test_batch_invariance(L);
+    free_eng(test_prefix_reuse(L));
+    g_kv_dtype = TD_F32;
 }
 
 static void test_cancel_n_stop(loaded *L) {
@@ -767,6 +808,7 @@ int main(int argc, char **argv) {
         test_forward_external(L.m);
         test_batch_invariance(&L);
         test_prefix_and_prompt_logprobs(&L);
+        test_f16_cache(&L);
         test_cancel_n_stop(&L);
         test_soak(&L);
         unload(&L);

@@ -1,5 +1,5 @@
-// Reference row-wise and element-wise kernels: RMSNorm, RoPE, SwiGLU, embedding rows, add, and
-// KV-cache writes. Plain loops split by (ith, nth); no allocation.
+// Reference row-wise and element-wise kernels: RMSNorm, RoPE, SwiGLU, embedding rows, add (the
+// KV-cache write is in attention.c). Plain loops split by (ith, nth); no allocation.
 #include <math.h>
 #include <string.h>
 
@@ -46,16 +46,6 @@ void td_ref_rope(const td_rope_args *a, int ith, int nth) {
                 }
             }
         }
-    }
-}
-
-void td_ref_kv_write(const td_kv_write_args *a, int ith, int nth) {
-    const int d = a->kv->kv_dim;
-    long lo, hi;
-    td_split(a->n_tok, ith, nth, &lo, &hi);
-    for (long t = lo; t < hi; t++) {
-        memcpy(td_kv_k_row(a->kv, a->seq_id[t], a->pos[t]), a->k + (size_t)t * d, (size_t)d * 4);
-        memcpy(td_kv_v_row(a->kv, a->seq_id[t], a->pos[t]), a->v + (size_t)t * d, (size_t)d * 4);
     }
 }
 

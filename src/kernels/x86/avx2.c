@@ -1,13 +1,17 @@
 // AVX2 + FMA + F16C kernel set for x86-64 CPUs without AVX-512: the exact matmul for every weight
 // dtype (weights dequantized in registers, f32 activations, FMA; equal to the reference up to f32
 // summation order), register-blocked (float rows 4 x 3 tokens, quantized 2 x 4; decode 8 rows) on the shared
-// driver (tiles.c). Everything else reuses the reference. Not here: an int8 (AVX-VNNI) path.
+// driver (tiles.c), and attention over f32/f16/bf16 KV caches (the reference's loop with 8-wide
+// dots). Everything else reuses the reference. Not here: an int8 (AVX-VNNI) path.
 #include "kernels/x86/x86.h"
 
 #ifdef TD_KERNELS_X86
 #include <cpuid.h>
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
+
+#include "base/threadpool.h"
 
 #include "kernels/ref/ref.h"
 #include "kernels/x86/tiles.h"
@@ -129,11 +133,89 @@ EXACT_TILES(bf16, TD_BF16, FR, FT)
 EXACT_TILES(q8, TD_Q8_0, QR, QT)
 EXACT_TILES(q4, TD_Q4_0, QR, QT)
 
+// ---- attention: the reference's loop (64-key tiles, online softmax, expf per score) with 8-wide
+// FMA dots and axpys; f16 rows widened by vcvtph2ps, bf16 by a 16-bit shift (both exact), f32 as
+// is. Tails (head_dim % 8) in scalar code. DT is a compile-time constant in each instance.
+
+#define ATTN_TILE 64
+
+INL float kv_elem(const void *row, size_t i, const td_dtype DT) {
+    if (DT == TD_F16) return td_f16_to_f32(((const uint16_t *)row)[i]);
+    if (DT == TD_BF16) return td_bf16_to_f32(((const uint16_t *)row)[i]);
+    return ((const float *)row)[i];
+}
+
+INL __m256 kv_load8(const void *row, size_t i, const td_dtype DT) {
+    if (DT == TD_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+    if (DT == TD_BF16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i))), 16));
+    return _mm256_loadu_ps((const float *)row + i);
+}
+
+INL void attend(const td_attention_args *a, long lo, long hi, const td_dtype DT) {
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, hd8 = hd & ~7;
+    float o[TD_ATTN_MAX_HEAD_DIM], s[ATTN_TILE];
+    for (long w = lo; w < hi; w++) {
+        const int t = (int)(w / a->n_heads), h = (int)(w % a->n_heads);
+        const int seq = a->seq_id[t], n_keys = a->pos[t] + 1;
+        const size_t koff = (size_t)(h / group) * hd;
+        const float *q = a->q + ((size_t)t * a->n_heads + h) * hd;
+        float m = -INFINITY, l = 0.0f;
+        memset(o, 0, sizeof(float) * (size_t)hd);
+        for (int j0 = 0; j0 < n_keys; j0 += ATTN_TILE) {
+            const int nj = n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE;
+            float mt = -INFINITY;
+            for (int j = 0; j < nj; j++) {
+                const void *k = td_kv_k_row(a->kv, seq, j0 + j);
+                __m256 acc = _mm256_setzero_ps();
+                for (int i = 0; i < hd8; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv_load8(k, koff + i, DT), acc);
+                float d = hsum8(acc);
+                for (int i = hd8; i < hd; i++) d += q[i] * kv_elem(k, koff + i, DT);
+                s[j] = d * a->scale;
+                if (s[j] > mt) mt = s[j];
+            }
+            if (mt > m) {  // rescale what was accumulated against the old maximum
+                const float c = expf(m - mt);
+                l *= c;
+                for (int i = 0; i < hd; i++) o[i] *= c;
+                m = mt;
+            }
+            for (int j = 0; j < nj; j++) {
+                const float e = expf(s[j] - m);
+                const void *v = td_kv_v_row(a->kv, seq, j0 + j);
+                const __m256 e8 = _mm256_set1_ps(e);
+                l += e;
+                for (int i = 0; i < hd8; i += 8)
+                    _mm256_storeu_ps(o + i, _mm256_fmadd_ps(e8, kv_load8(v, koff + i, DT), _mm256_loadu_ps(o + i)));
+                for (int i = hd8; i < hd; i++) o[i] += e * kv_elem(v, koff + i, DT);
+            }
+        }
+        float *out = a->out + ((size_t)t * a->n_heads + h) * hd;
+        const float il = 1.0f / l;
+        for (int i = 0; i < hd; i++) out[i] = o[i] * il;
+    }
+}
+
+static void attend_f32(const td_attention_args *a, long lo, long hi) { attend(a, lo, hi, TD_F32); }
+static void attend_f16(const td_attention_args *a, long lo, long hi) { attend(a, lo, hi, TD_F16); }
+static void attend_bf16(const td_attention_args *a, long lo, long hi) { attend(a, lo, hi, TD_BF16); }
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
 #pragma GCC pop_options
 #endif
+
+static void attention(const td_attention_args *a, int ith, int nth) {
+    long lo, hi;
+    td_split((long)a->n_tok * a->n_heads, ith, nth, &lo, &hi);
+    switch (a->kv->dtype) {
+    case TD_F16: attend_f16(a, lo, hi); break;
+    case TD_BF16: attend_bf16(a, lo, hi); break;
+    default: attend_f32(a, lo, hi); break;
+    }
+}
 
 static const td_x86_tiles *const tiles[TD_DTYPE_COUNT] = {
     [TD_F32] = &f32_tiles, [TD_F16] = &f16_tiles, [TD_BF16] = &bf16_tiles, [TD_Q8_0] = &q8_tiles, [TD_Q4_0] = &q4_tiles,
@@ -147,7 +229,7 @@ const td_kernels td_kernels_avx2 = {
     .rmsnorm = td_ref_rmsnorm,
     .rope = td_ref_rope,
     .kv_write = td_ref_kv_write,
-    .attention = td_ref_attention,
+    .attention = attention,
     .silu_mul = td_ref_silu_mul,
     .embed = td_ref_embed,
     .add = td_ref_add,

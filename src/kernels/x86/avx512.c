@@ -1,7 +1,7 @@
 // AVX-512 row and element kernels (rmsnorm, silu_mul, add, rope, attention) and the two AVX-512
 // kernel tables; the matmuls are in avx512_matmul.c. Each kernel keeps the reference's work split
-// and numerics up to f32 reordering (exp by a ~1-ulp polynomial). kv_write and embed are
-// memory copies/conversions and reuse the reference. Not here: an AVX2-only table.
+// and numerics up to f32 reordering (exp by a ~1-ulp polynomial); attention reads f32, f16 and
+// bf16 caches, kv_write rounds into them. embed reuses the reference. Not here: an AVX2-only table.
 #include "kernels/x86/x86.h"
 
 #ifdef TD_KERNELS_X86
@@ -107,13 +107,59 @@ static void rope(const td_rope_args *a, int ith, int nth) {
 
 #define ATTN_TILE 64  // keys scored at once, as the reference
 
-static inline float dot(const float *a, const float *b, int n) {
-    __m512 acc = _mm512_setzero_ps();
+// 16 elements (masked: the first lanes of m) of a KV-cache row from element i, as f32. F16 and
+// BF16 widen exactly in registers (vcvtph2ps; bf16 is the top half of an f32), so a 16-bit cache
+// is read in place at half the bytes. DT is a compile-time constant in every caller.
+static inline __attribute__((always_inline)) __m512 kv_load(const void *row, size_t i, __mmask16 m, const td_dtype DT) {
+    if (DT == TD_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i));
+    if (DT == TD_BF16)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i)), 16));
+    return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+}
+static inline __attribute__((always_inline)) __m512 kv_load16(const void *row, size_t i, const td_dtype DT) {
+    if (DT == TD_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)));
+    if (DT == TD_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))), 16));
+    return _mm512_loadu_ps((const float *)row + i);
+}
+
+// f32 -> cache rows: f16 by vcvtps2ph (round to nearest even, as td_f32_to_f16), bf16 by the
+// reference's integer rounding on 16 lanes. Equal to td_ref_kv_write for every non-NaN input (a
+// NaN stays a NaN; its payload may differ).
+static void kv_store_row(void *dst, const float *x, int n, td_dtype dt) {
+    if (dt == TD_F32) {
+        memcpy(dst, x, (size_t)n * 4);
+        return;
+    }
+    uint16_t *d = dst;
     for (int i = 0; i < n; i += 16) {
         const __mmask16 m = td_x86_mask16(n - i);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m256i h;
+        if (dt == TD_F16) {
+            h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        } else {
+            const __m512i u = _mm512_castps_si512(v);
+            const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+            __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+            const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);  // quiet NaN, as the reference
+            r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+            h = _mm512_cvtepi32_epi16(r);
+        }
+        _mm256_mask_storeu_epi16(d + i, m, h);
     }
-    return _mm512_reduce_add_ps(acc);
+}
+
+static void kv_write(const td_kv_write_args *a, int ith, int nth) {
+    const int d = a->kv->kv_dim;
+    long lo, hi;
+    td_split(a->n_tok, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++) {
+        kv_store_row(td_kv_k_row(a->kv, a->seq_id[t], a->pos[t]), a->k + (size_t)t * d, d, a->kv->dtype);
+        kv_store_row(td_kv_v_row(a->kv, a->seq_id[t], a->pos[t]), a->v + (size_t)t * d, d, a->kv->dtype);
+    }
 }
 
 // One query's online-softmax state between key tiles.
@@ -122,24 +168,26 @@ typedef struct {
     float m, l;
 } attn_state;
 
-// One key tile [j0, j0 + nj) for one query (q in NV registers): scores 16 keys at a time (16
-// lane-wise products summed by one transposed tree, per key td_x86_hsum's), then the rescale,
-// exps and the weighted sum of values, as the reference's tile.
+// One key tile [j0, j0 + nj) for one query (q in NV registers, head_dim 16 NV, cache element DT):
+// scores 16 keys at a time (16 lane-wise products summed by one transposed tree, per key
+// td_x86_hsum's), then the rescale, exps and the weighted sum of values (even and odd keys in two
+// register sets, so consecutive FMAs do not wait on each other), as the reference's tile.
 static inline __attribute__((always_inline)) void attend_tile(const td_attention_args *a, const __m512 *q, int seq,
-                                                              size_t koff, int j0, int nj, attn_state *st, const int NV) {
+                                                              size_t koff, int j0, int nj, attn_state *st, const int NV,
+                                                              const td_dtype DT) {
     float s[ATTN_TILE] __attribute__((aligned(64)));
-    __m512 o[8];
+    __m512 o[8], o2[8];
     TD_UNROLL
-    for (int v = 0; v < NV; v++) o[v] = st->o[v];
+    for (int v = 0; v < NV; v++) o[v] = st->o[v], o2[v] = _mm512_setzero_ps();
     __m512 mtv = _mm512_set1_ps(-INFINITY);
     for (int j = 0; j < nj; j += 16) {
         const int nk = nj - j < 16 ? nj - j : 16;
         __m512 d[16];
         for (int u = 0; u < nk; u++) {
-            const float *k = td_kv_k_row(a->kv, seq, j0 + j + u) + koff;
-            __m512 x = _mm512_mul_ps(q[0], _mm512_loadu_ps(k));
+            const void *k = td_kv_k_row(a->kv, seq, j0 + j + u);
+            __m512 x = _mm512_mul_ps(q[0], kv_load16(k, koff, DT));
             TD_UNROLL
-            for (int v = 1; v < NV; v++) x = _mm512_fmadd_ps(q[v], _mm512_loadu_ps(k + 16 * v), x);
+            for (int v = 1; v < NV; v++) x = _mm512_fmadd_ps(q[v], kv_load16(k, koff + 16 * v, DT), x);
             d[u] = x;
         }
         if (nk == 16)
@@ -164,36 +212,29 @@ static inline __attribute__((always_inline)) void attend_tile(const td_attention
         const __m512 e = td_x86_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), _mm512_set1_ps(st->m)));
         _mm512_mask_storeu_ps(s + j, mk, e);
     }
-    // Weighted values into two accumulator sets (even and odd keys), so consecutive FMAs do not
-    // wait on each other; added at the end of the tile.
     float l = st->l;
-    __m512 o2[8];
-    TD_UNROLL
-    for (int v = 0; v < NV; v++) o2[v] = _mm512_setzero_ps();
     int j = 0;
     for (; j + 1 < nj; j += 2) {
-        const float *v0 = td_kv_v_row(a->kv, seq, j0 + j) + koff, *v1 = td_kv_v_row(a->kv, seq, j0 + j + 1) + koff;
+        const void *v0 = td_kv_v_row(a->kv, seq, j0 + j), *v1 = td_kv_v_row(a->kv, seq, j0 + j + 1);
         const __m512 e0 = _mm512_set1_ps(s[j]), e1 = _mm512_set1_ps(s[j + 1]);
         l += s[j];
         l += s[j + 1];
         TD_UNROLL
         for (int v = 0; v < NV; v++) {
-            o[v] = _mm512_fmadd_ps(e0, _mm512_loadu_ps(v0 + 16 * v), o[v]);
-            o2[v] = _mm512_fmadd_ps(e1, _mm512_loadu_ps(v1 + 16 * v), o2[v]);
+            o[v] = _mm512_fmadd_ps(e0, kv_load16(v0, koff + 16 * v, DT), o[v]);
+            o2[v] = _mm512_fmadd_ps(e1, kv_load16(v1, koff + 16 * v, DT), o2[v]);
         }
     }
     if (j < nj) {
-        const float *v0 = td_kv_v_row(a->kv, seq, j0 + j) + koff;
+        const void *v0 = td_kv_v_row(a->kv, seq, j0 + j);
         const __m512 e0 = _mm512_set1_ps(s[j]);
         l += s[j];
         TD_UNROLL
-        for (int v = 0; v < NV; v++) o[v] = _mm512_fmadd_ps(e0, _mm512_loadu_ps(v0 + 16 * v), o[v]);
+        for (int v = 0; v < NV; v++) o[v] = _mm512_fmadd_ps(e0, kv_load16(v0, koff + 16 * v, DT), o[v]);
     }
-    TD_UNROLL
-    for (int v = 0; v < NV; v++) o[v] = _mm512_add_ps(o[v], o2[v]);
     st->l = l;
     TD_UNROLL
-    for (int v = 0; v < NV; v++) st->o[v] = o[v];
+    for (int v = 0; v < NV; v++) st->o[v] = _mm512_add_ps(o[v], o2[v]);
 }
 
 enum { ATTN_RUN = 8 };  // queries of one sequence that share each key tile while it is in L1
@@ -203,7 +244,7 @@ enum { ATTN_RUN = 8 };  // queries of one sequence that share each key tile whil
 // megabytes: one query at a time streamed it from L3 per query); every query's own arithmetic is
 // exactly the single-query loop's, so outputs do not depend on how tokens are grouped.
 static inline __attribute__((always_inline)) void attend_run(const td_attention_args *a, int t0, int nq, int h,
-                                                             const int NV) {
+                                                             const int NV, const td_dtype DT) {
     const int hd = 16 * NV, group = a->n_heads / a->n_kv_heads, seq = a->seq_id[t0];
     const size_t koff = (size_t)(h / group) * hd;
     attn_state st[ATTN_RUN];
@@ -221,7 +262,7 @@ static inline __attribute__((always_inline)) void attend_run(const td_attention_
             __m512 q[8];
             TD_UNROLL
             for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qp + 16 * v);
-            attend_tile(a, q, seq, koff, j0, n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE, &st[i], NV);
+            attend_tile(a, q, seq, koff, j0, n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE, &st[i], NV, DT);
         }
     for (int i = 0; i < nq; i++) {
         float *out = a->out + ((size_t)(t0 + i) * a->n_heads + h) * hd;
@@ -231,31 +272,37 @@ static inline __attribute__((always_inline)) void attend_run(const td_attention_
     }
 }
 
-// The reference's online softmax over tiles of keys, with vector dots, exps and axpys; head_dim
-// 64 and 128 (the common ones) keep q and the output in registers.
-static void attention(const td_attention_args *a, int ith, int nth) {
-    if (a->head_dim == 64 || a->head_dim == 128) {
-        // Work items (run, head) dealt round-robin: a causal prompt's later tokens see more keys,
-        // so contiguous halves would leave the first thread idle for most of a prefill.
-        long w = 0;
-        for (int t0 = 0, nq; t0 < a->n_tok; t0 += nq) {
-            for (nq = 1; nq < ATTN_RUN && t0 + nq < a->n_tok && a->seq_id[t0 + nq] == a->seq_id[t0] &&
-                         a->pos[t0 + nq] == a->pos[t0] + nq;
-                 nq++) {
-            }
-            for (int h = 0; h < a->n_heads; h++, w++) {
-                if (w % nth != ith) continue;
-                if (a->head_dim == 64)
-                    attend_run(a, t0, nq, h, 4);
-                else
-                    attend_run(a, t0, nq, h, 8);
-            }
+// head_dim 16 NV: work items (run, head) dealt round-robin (a causal prompt's later tokens see more
+// keys, so contiguous halves would leave the first thread idle for most of a prefill).
+static inline __attribute__((always_inline)) void attend_runs(const td_attention_args *a, int ith, int nth,
+                                                              const int NV, const td_dtype DT) {
+    long w = 0;
+    for (int t0 = 0, nq; t0 < a->n_tok; t0 += nq) {
+        for (nq = 1; nq < ATTN_RUN && t0 + nq < a->n_tok && a->seq_id[t0 + nq] == a->seq_id[t0] &&
+                     a->pos[t0 + nq] == a->pos[t0] + nq;
+             nq++) {
         }
-        return;
+        for (int h = 0; h < a->n_heads; h++, w++)
+            if (w % nth == ith) attend_run(a, t0, nq, h, NV, DT);
     }
+}
+
+static inline __attribute__((always_inline)) float dot(const float *a, const void *row, size_t koff, int n,
+                                                       const td_dtype DT) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = td_x86_mask16(n - i);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), kv_load(row, koff + (size_t)i, m, DT), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+// Any head_dim: (token, head) items round-robin, the output accumulator on the stack.
+static inline __attribute__((always_inline)) void attend_generic(const td_attention_args *a, int ith, int nth,
+                                                                 const td_dtype DT) {
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
     float o[TD_ATTN_MAX_HEAD_DIM] __attribute__((aligned(64))), s[ATTN_TILE] __attribute__((aligned(64)));
-    for (long w = ith; w < (long)a->n_tok * a->n_heads; w += nth) {  // round-robin, as above
+    for (long w = ith; w < (long)a->n_tok * a->n_heads; w += nth) {
         const int t = (int)(w / a->n_heads), h = (int)(w % a->n_heads);
         const int seq = a->seq_id[t], n_keys = a->pos[t] + 1;
         const size_t koff = (size_t)(h / group) * hd;
@@ -266,7 +313,7 @@ static void attention(const td_attention_args *a, int ith, int nth) {
             const int nj = n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE;
             float mt = -INFINITY;
             for (int j = 0; j < nj; j++) {
-                s[j] = dot(q, td_kv_k_row(a->kv, seq, j0 + j) + koff, hd) * a->scale;
+                s[j] = dot(q, td_kv_k_row(a->kv, seq, j0 + j), koff, hd, DT) * a->scale;
                 if (s[j] > mt) mt = s[j];
             }
             if (mt > m) {
@@ -284,12 +331,13 @@ static void attention(const td_attention_args *a, int ith, int nth) {
                 _mm512_mask_storeu_ps(s + j, mk, e);
             }
             for (int j = 0; j < nj; j++) {
-                const float *v = td_kv_v_row(a->kv, seq, j0 + j) + koff;
+                const void *v = td_kv_v_row(a->kv, seq, j0 + j);
                 const __m512 e = _mm512_set1_ps(s[j]);
                 l += s[j];
                 for (int i = 0; i < hd; i += 16) {
                     const __mmask16 mk = td_x86_mask16(hd - i);
-                    _mm512_mask_storeu_ps(o + i, mk, _mm512_fmadd_ps(e, _mm512_maskz_loadu_ps(mk, v + i), _mm512_maskz_loadu_ps(mk, o + i)));
+                    _mm512_mask_storeu_ps(o + i, mk, _mm512_fmadd_ps(e, kv_load(v, koff + (size_t)i, mk, DT),
+                                                                     _mm512_maskz_loadu_ps(mk, o + i)));
                 }
             }
         }
@@ -302,6 +350,30 @@ static void attention(const td_attention_args *a, int ith, int nth) {
     }
 }
 
+#define ATTEND_DT(name, DT)                                               \
+    static void name(const td_attention_args *a, int ith, int nth) {      \
+        if (a->head_dim == 64)                                            \
+            attend_runs(a, ith, nth, 4, DT);                              \
+        else if (a->head_dim == 128)                                      \
+            attend_runs(a, ith, nth, 8, DT);                              \
+        else                                                              \
+            attend_generic(a, ith, nth, DT);                              \
+    }
+ATTEND_DT(attend_f32, TD_F32)
+ATTEND_DT(attend_f16, TD_F16)
+ATTEND_DT(attend_bf16, TD_BF16)
+
+// The reference's online softmax over tiles of keys, with vector dots, exps and axpys, one body
+// specialised per cache dtype; head_dim 64 and 128 (the common ones) keep q and the output in
+// registers and share key tiles between runs of queries.
+static void attention(const td_attention_args *a, int ith, int nth) {
+    switch (a->kv->dtype) {
+    case TD_F16: attend_f16(a, ith, nth); break;
+    case TD_BF16: attend_bf16(a, ith, nth); break;
+    default: attend_f32(a, ith, nth); break;
+    }
+}
+
 TD_X86_TARGET_END
 
 const td_kernels td_kernels_avx512 = {
@@ -309,7 +381,7 @@ const td_kernels td_kernels_avx512 = {
     .matmul = td_avx512_matmul,
     .rmsnorm = rmsnorm,
     .rope = rope,
-    .kv_write = td_ref_kv_write,
+    .kv_write = kv_write,
     .attention = attention,
     .silu_mul = silu_mul,
     .embed = td_ref_embed,
@@ -321,7 +393,7 @@ const td_kernels td_kernels_avx512_int8 = {
     .matmul = td_avx512_matmul_int8,
     .rmsnorm = rmsnorm,
     .rope = rope,
-    .kv_write = td_ref_kv_write,
+    .kv_write = kv_write,
     .attention = attention,
     .silu_mul = silu_mul,
     .embed = td_ref_embed,
