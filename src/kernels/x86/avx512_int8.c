@@ -189,17 +189,17 @@ INL __m512 pair_scales(uint16_t da, uint16_t db, __m512i idx) {
 }
 
 // A weight pair (blocks 2p, 2p + 1 of a row; B empty past the end) as unsigned bytes + scales.
-INL void load_wpair(int q4, const uint8_t *row, int64_t blk, int64_t n_blocks, __m512i *wq, __m512 *wd) {
+INL void load_wpair(int q4, const uint8_t *row, int64_t blk, int has_b, __m512i *wq, __m512 *wd) {
     if (q4) {
-        const td_block_q4_0 *a = (const td_block_q4_0 *)row + blk, *b = blk + 1 < n_blocks ? a + 1 : &zero_q4;
+        const td_block_q4_0 *a = (const td_block_q4_0 *)row + blk, *b = has_b ? a + 1 : &zero_q4;
         const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a->qs)),
                                                   _mm_loadu_si128((const __m128i *)b->qs), 1);
-        const __m256i m = _mm256_set1_epi8(15);
-        *wq = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m)),
-                                 _mm256_and_si256(_mm256_srli_epi16(v, 4), m), 1);
+        // [v | v], the upper half shifted down a nibble, then the low nibbles of every byte.
+        const __m512i vv = _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1);
+        *wq = _mm512_and_si512(_mm512_mask_srli_epi16(vv, (__mmask32)0xffff0000u, vv, 4), _mm512_set1_epi8(15));
         *wd = pair_scales(a->d, b->d, _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0));
     } else {
-        const td_block_q8_0 *a = (const td_block_q8_0 *)row + blk, *b = blk + 1 < n_blocks ? a + 1 : &zero_q8;
+        const td_block_q8_0 *a = (const td_block_q8_0 *)row + blk, *b = has_b ? a + 1 : &zero_q8;
         const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a->q)),
                                              _mm256_loadu_si256((const __m256i *)b->q), 1);
         *wq = _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
@@ -208,26 +208,32 @@ INL void load_wpair(int q4, const uint8_t *row, int64_t blk, int64_t n_blocks, _
 }
 
 // acc[r][t] += sum over the chunk's pairs of (int dot + off) * dw * dx, per lane, in pair order.
-// pf: bytes ahead to prefetch each row (0: none, the rows are in L2 already).
-INL void int8_tile(int q4, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0,
-                   int np, int64_t n_blocks, size_t pf, __m512 acc[I8_BR][I8_BT]) {
-    for (int p = 0; p < np; p++) {
-        __m512i xq[I8_BT];
+// One pair p of the tile (has_b: its second block exists; 0 only for the last pair of an odd row).
+INL void int8_step(int q4, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0, int p,
+                   int has_b, size_t pf, __m512 acc[I8_BR][I8_BT]) {
+    __m512i xq[I8_BT];
 TD_UNROLL
-        for (int t = 0; t < NT; t++) xq[t] = _mm512_loadu_si512(x[t][p].q);
+    for (int t = 0; t < NT; t++) xq[t] = _mm512_loadu_si512(x[t][p].q);
 TD_UNROLL
-        for (int r = 0; r < NR; r++) {
-            __m512i wq;
-            __m512 wd;
-            load_wpair(q4, w[r], blk0 + 2 * p, n_blocks, &wq, &wd);
-            if (pf) td_x86_prefetch((const char *)w[r] + pf + (blk0 + 2 * p) * (q4 ? 18 : 34), q4 ? 36 : 68);
+    for (int r = 0; r < NR; r++) {
+        __m512i wq;
+        __m512 wd;
+        load_wpair(q4, w[r], blk0 + 2 * p, has_b, &wq, &wd);
+        if (pf) td_x86_prefetch((const char *)w[r] + pf + (blk0 + 2 * p) * (q4 ? 18 : 34), q4 ? 36 : 68);
 TD_UNROLL
-            for (int t = 0; t < NT; t++) {
-                const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(x[t][p].off), wq, xq[t]);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), wd), _mm512_loadu_ps(x[t][p].d), acc[r][t]);
-            }
+        for (int t = 0; t < NT; t++) {
+            const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(x[t][p].off), wq, xq[t]);
+            acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), wd), _mm512_loadu_ps(x[t][p].d), acc[r][t]);
         }
     }
+}
+
+// pf: bytes ahead to prefetch each row (0: none; rows already in L2).
+INL void int8_tile(int q4, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0,
+                   int np, int64_t n_blocks, size_t pf, __m512 acc[I8_BR][I8_BT]) {
+    const int np_full = blk0 + 2 * (int64_t)np <= n_blocks ? np : np - 1;  // pairs with both blocks
+    for (int p = 0; p < np_full; p++) int8_step(q4, NR, NT, w, x, blk0, p, 1, pf, acc);
+    if (np_full < np) int8_step(q4, NR, NT, w, x, blk0, np_full, 0, pf, acc);
 }
 
 INL void int8_matmul(int q4, int NR, int NT, const td_matmul_args *a, int ith, int nth) {
