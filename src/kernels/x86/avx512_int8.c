@@ -174,13 +174,11 @@ static void quantize_pairs(const float *x, int64_t n_blocks, int np, int q4, xpa
         for (int k = 0; k < 4; k++)
             _mm_storeu_si128((__m128i *)(o->q + 16 * k), part[q4 ? order_q4[k] : order_q8[k]]);
         const int32_t excess = q4 ? 8 : 128;
-        memset(o->off, 0, sizeof o->off);
-        for (int l = 0; l < 16; l++) {
-            const int blk = q4 ? (l >> 2) & 1 : l >> 3;
-            o->d[l] = dx[blk];
-        }
-        o->off[0] = -excess * sum[0];
-        o->off[q4 ? 4 : 8] = -excess * sum[1];
+        const __mmask16 lanes_b = q4 ? 0xF0F0 : 0xFF00;  // the int32 lanes that hold block B's sums
+        _mm512_storeu_ps(o->d, _mm512_mask_blend_ps(lanes_b, _mm512_set1_ps(dx[0]), _mm512_set1_ps(dx[1])));
+        const __m512i off = _mm512_mask_set1_epi32(_mm512_maskz_set1_epi32(1, -excess * sum[0]),
+                                                   (__mmask16)(q4 ? 0x10 : 0x100), -excess * sum[1]);
+        _mm512_storeu_si512(o->off, off);
     }
 }
 
