@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,26 +29,7 @@ td_status td_map_open(td_map *m, const char *path, td_err *err) {
         close(fd);
         return TD_OK;
     }
-    // At a 2 MiB-aligned address. Measured, not explained: a 1B Q8_0 model's 2-thread decode ran at
-    // 27 or 37 tokens/s from one process to the next depending on where ASLR put the mapping (1 in 5
-    // fast), and at 37 in 5 of 5 aligned. The page cache is not mapped with huge pages here
-    // (FilePmdMapped stays 0), so TLB reach is not the reason; the placement of the weight streams
-    // is the suspect. Falls back to a plain mapping if the reservation fails.
-    const size_t huge = (size_t)2 << 20, size = (size_t)st.st_size;
-    void *p = MAP_FAILED;
-    void *r = mmap(NULL, size + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (r != MAP_FAILED) {
-        uintptr_t a = ((uintptr_t)r + huge - 1) & ~(uintptr_t)(huge - 1);
-        p = mmap((void *)a, size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
-        if (p == MAP_FAILED) {
-            munmap(r, size + huge);
-        } else {  // give back the reservation's slack on both sides
-            if (a > (uintptr_t)r) munmap(r, a - (uintptr_t)r);
-            const uintptr_t end = a + ((size + 4095) & ~(size_t)4095), rend = (uintptr_t)r + size + huge;
-            if (rend > end) munmap((void *)end, rend - end);
-        }
-    }
-    if (p == MAP_FAILED) p = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
     if (p == MAP_FAILED) return td_err_set(err, TD_ERR_IO, "%s: mmap failed: %s", path, strerror(e));
