@@ -168,7 +168,7 @@ __attribute__((target("avx512f,avx512vnni"))) static float vnni_avx512(long iter
 #undef INIT
 #undef STEP
 #undef SUM
-    return (float)_mm512_reduce_add_epi32(s);
+    return _mm512_reduce_add_ps(_mm512_cvtepi32_ps(s));  // (the int sum may wrap: no C int arithmetic)
 }
 
 __attribute__((target("avx512f,avx512bf16"))) static float bf16_avx512(long iters) {
