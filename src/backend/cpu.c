@@ -3,13 +3,19 @@
 #include "backend/backend.h"
 
 #include <stdlib.h>
+#include <string.h>
 
+#include "backend/dnnl_bf16.h"
+#include "base/log.h"
 #include "base/threadpool.h"
 
 typedef struct cpu_ctx {
     td_pool *pool;
     const td_kernels *k;
+    td_dnnl_bf16 *dnnl;  // TANDEM_GEMM=dnnl: oneDNN for BF16 prefill, else NULL
 } cpu_ctx;
+
+enum { DNNL_MIN_TOKENS = 16 };  // smaller batches stay on the tiles (decode, batched decode)
 
 // One trampoline per slot: the pool calls fn(ctx, ith, nth) with a {kernels, args} pair.
 #define CPU_SLOT(op, args_t)                                                   \
@@ -28,6 +34,15 @@ typedef struct cpu_ctx {
     }
 
 CPU_SLOT(matmul, td_matmul_args)
+
+// BF16 weights with a prefill-sized batch go to oneDNN when it was asked for (TANDEM_GEMM=dnnl).
+static void cpu_matmul_dispatch(void *ctx_, const td_matmul_args *a) {
+    cpu_ctx *ctx = ctx_;
+    if (ctx->dnnl && a->w->type == TD_BF16 && a->n_tok >= DNNL_MIN_TOKENS &&
+        td_dnnl_bf16_matmul(ctx->dnnl, a->w->data, a->w->ne[0], a->w->ne[1], a->x, a->n_tok, a->bias, a->y) == 0)
+        return;
+    cpu_matmul(ctx_, a);
+}
 CPU_SLOT(rmsnorm, td_rmsnorm_args)
 CPU_SLOT(rope, td_rope_args)
 CPU_SLOT(kv_write, td_kv_write_args)
@@ -39,13 +54,14 @@ CPU_SLOT(add, td_add_args)
 static void cpu_free(void *ctx_) {
     cpu_ctx *ctx = ctx_;
     td_pool_free(ctx->pool);
+    td_dnnl_bf16_free(ctx->dnnl);
     free(ctx);
 }
 
 static const td_backend_iface cpu_iface = {
     .name = "cpu",
     .free = cpu_free,
-    .matmul = cpu_matmul,
+    .matmul = cpu_matmul_dispatch,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .kv_write = cpu_kv_write,
@@ -78,6 +94,13 @@ td_status td_backend_cpu_create(const td_backend_cpu_params *p, td_backend **out
     }
     ctx->pool = pool;
     ctx->k = k;
+    const char *gemm = getenv("TANDEM_GEMM");
+    if (gemm && !strcmp(gemm, "dnnl")) {
+        td_err e2;
+        if (td_dnnl_bf16_create(&ctx->dnnl, &e2) != TD_OK) TD_LOGW("TANDEM_GEMM=dnnl ignored: %s", e2.msg);
+    } else if (gemm && *gemm && strcmp(gemm, "tiles")) {
+        TD_LOGW("TANDEM_GEMM=%s ignored (known: tiles, dnnl)", gemm);
+    }
     be->iface = &cpu_iface;
     be->ctx = ctx;
     *out = be;
