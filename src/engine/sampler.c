@@ -13,6 +13,8 @@ struct td_sampler {
     float *prob;      // [vocab] candidate probabilities (aligned with idx)
     int32_t *count;   // [vocab] occurrences in output (kept all-zero between calls)
     uint8_t *seen;    // [vocab] present in prompt or output (kept all-zero between calls)
+    uint32_t *rkey, *rkey2;  // [vocab] radix-sort scratch (whole-vocabulary sorts)
+    int32_t *ridx2;          // [vocab]
 };
 
 td_sampling_params td_sampling_default_params(void) {
@@ -59,7 +61,10 @@ td_sampler *td_sampler_create(int vocab) {
     s->prob = malloc((size_t)vocab * sizeof *s->prob);
     s->count = calloc((size_t)vocab, sizeof *s->count);
     s->seen = calloc((size_t)vocab, 1);
-    if (!s->idx || !s->prob || !s->count || !s->seen) {
+    s->rkey = malloc((size_t)vocab * sizeof *s->rkey);
+    s->rkey2 = malloc((size_t)vocab * sizeof *s->rkey2);
+    s->ridx2 = malloc((size_t)vocab * sizeof *s->ridx2);
+    if (!s->idx || !s->prob || !s->count || !s->seen || !s->rkey || !s->rkey2 || !s->ridx2) {
         td_sampler_free(s);
         return NULL;
     }
@@ -72,6 +77,9 @@ void td_sampler_free(td_sampler *s) {
     free(s->prob);
     free(s->count);
     free(s->seen);
+    free(s->rkey);
+    free(s->rkey2);
+    free(s->ridx2);
     free(s);
 }
 
@@ -124,9 +132,45 @@ static int cmp_desc(const void *a, const void *b, void *ctx) {
     return *(const int32_t *)a < *(const int32_t *)b ? -1 : 1;
 }
 
+// Sorts idx[0..n) (ascending ids on entry) by descending logit, ties by ascending id - the order
+// of cmp_desc - in three stable LSD radix passes over the logits' bits (-0 counted as +0, as the
+// comparison does): a whole vocabulary (150k ids) in ~1 ms where qsort took ~20 ms per token.
+static void radix_desc(const td_sampler *s, const float *logits, int32_t *idx, int n) {
+    uint32_t *k = s->rkey, *k2 = s->rkey2;
+    int32_t *src = idx, *dst = s->ridx2;
+    for (int i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &logits[idx[i]], sizeof b);
+        if (b == 0x80000000u) b = 0;
+        k[i] = ~((b & 0x80000000u) ? ~b : (b | 0x80000000u));  // ascending key, inverted
+    }
+    for (int shift = 0; shift < 32; shift += 11) {
+        uint32_t cnt[2048] = {0};
+        for (int i = 0; i < n; i++) cnt[(k[i] >> shift) & 2047]++;
+        for (uint32_t d = 0, sum = 0; d < 2048; d++) {
+            const uint32_t c = cnt[d];
+            cnt[d] = sum, sum += c;
+        }
+        for (int i = 0; i < n; i++) {
+            const uint32_t d = cnt[(k[i] >> shift) & 2047]++;
+            k2[d] = k[i], dst[d] = src[i];
+        }
+        uint32_t *tk = k;
+        k = k2, k2 = tk;
+        int32_t *ti = src;
+        src = dst, dst = ti;
+    }
+    if (src != idx) memcpy(idx, src, (size_t)n * sizeof *idx);
+}
+
 // Selects the n largest of idx[0..m) (by logit) to the front, sorted descending. Uses a
-// quickselect partition then sorts the front, so top-k costs O(vocab + k log k).
-static void sort_candidates(const float *logits, int32_t *idx, int m, int n) {
+// quickselect partition then sorts the front, so top-k costs O(vocab + k log k); a whole
+// vocabulary (no top-k) is radix-sorted.
+static void sort_candidates(const td_sampler *s, const float *logits, int32_t *idx, int m, int n) {
+    if (n == m && n >= 4096) {
+        radix_desc(s, logits, idx, n);
+        return;
+    }
     if (n < m) {
         int lo = 0, hi = m - 1;
         while (lo < hi) {
@@ -156,7 +200,7 @@ static int filter(td_sampler *s, const td_sampling_params *p, const float *logit
     for (int i = 0; i < V; i++) s->idx[i] = i;
     int n = V;
     if (p->top_k > 0 && p->top_k < V) n = p->top_k;
-    sort_candidates(logits, s->idx, V, n);
+    sort_candidates(s, logits, s->idx, V, n);
     float maxl = logits[s->idx[0]];
     double sum = 0;
     for (int i = 0; i < n; i++) sum += (s->prob[i] = expf(logits[s->idx[i]] - maxl));

@@ -18,6 +18,79 @@ static int read_ints(const cJSON *a, int32_t *out) {
     return n;
 }
 
+// A large vocabulary (the sampler radix-sorts whole vocabularies): its draws must equal a walk over
+// the candidates in qsort order (descending logit, ties by ascending id) with the sampler's own
+// arithmetic, for logits with ties, -0/+0, -inf (masked) and both signs.
+static const float *g_logits;
+static int cmp_ref(const void *a, const void *b) {
+    float x = g_logits[*(const int32_t *)a], y = g_logits[*(const int32_t *)b];
+    if (x > y) return -1;
+    if (x < y) return 1;
+    return *(const int32_t *)a < *(const int32_t *)b ? -1 : 1;
+}
+
+static void test_big_vocab(void) {
+    enum { V = 20000 };
+    float *l0 = malloc(V * sizeof(float)), *l = malloc(V * sizeof(float)), *prob = malloc(V * sizeof(float));
+    int32_t *ord = malloc(V * sizeof(int32_t));
+    td_rng g;
+    td_rng_seed(&g, 7);
+    for (int i = 0; i < V; i++) {
+        const double u = td_rng_uniform(&g);
+        l0[i] = u < 0.1 ? 1.5f : u < 0.12 ? 0.0f : u < 0.14 ? -0.0f : u < 0.15 ? -INFINITY
+                : (float)((td_rng_uniform(&g) - 0.5) * 8);
+    }
+    td_sampler *s = td_sampler_create(V);
+    const float top_ps[] = {1.0f, 0.9f, 0.3f};
+    int bad = 0;
+    for (int c = 0; c < 3; c++) {
+        td_sampling_params p = td_sampling_default_params();
+        p.top_p = top_ps[c];
+        for (int i = 0; i < V; i++) ord[i] = i;
+        g_logits = l0;  // temperature 1, no penalties: the sampler sees l0 itself
+        qsort(ord, V, sizeof *ord, cmp_ref);
+        float maxl = l0[ord[0]];
+        double sum = 0;
+        int n = V;
+        for (int i = 0; i < n; i++) sum += (prob[i] = expf(l0[ord[i]] - maxl));
+        for (int i = 0; i < n; i++) prob[i] = (float)(prob[i] / sum);
+        if (p.top_p < 1.0f) {
+            double cum = 0;
+            int keep = n;
+            for (int i = n - 1; i > 0; i--) {
+                cum += prob[i];
+                if (cum <= 1.0 - p.top_p) keep = i;
+                else break;
+            }
+            n = keep;
+        }
+        sum = 0;
+        for (int i = 0; i < n; i++) sum += prob[i];
+        for (int i = 0; i < n; i++) prob[i] = (float)(prob[i] / sum);
+        td_rng r1, r2;
+        td_rng_seed(&r1, 100 + c);
+        td_rng_seed(&r2, 100 + c);
+        for (int k = 0; k < 300; k++) {
+            memcpy(l, l0, V * sizeof(float));
+            const int32_t got = td_sampler_sample(s, &p, l, NULL, 0, NULL, 0, &r1);
+            const double u = td_rng_uniform(&r2);
+            double acc = 0;
+            int32_t want = ord[n - 1];
+            for (int i = 0; i < n; i++) {
+                acc += prob[i];
+                if (u < acc) {
+                    want = ord[i];
+                    break;
+                }
+            }
+            bad += got != want;
+        }
+    }
+    CHECK(bad == 0, "big vocabulary: %d of 900 draws differ from the qsort-order walk", bad);
+    td_sampler_free(s);
+    free(l0), free(l), free(prob), free(ord);
+}
+
 int main(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/sampler_oracle.json", td_test_data_dir());
@@ -119,6 +192,7 @@ int main(void) {
     td_logprobs_topk(l, 7, lse, 3, ids, lps);
     CHECK(ids[0] == 2 && ids[1] == 4 && ids[2] == 3, "top-3 ids %d %d %d", ids[0], ids[1], ids[2]);
     CHECK_NEAR(lps[2], 2.5 - log(ref), 1e-6, "top-3 logprob");
+    test_big_vocab();
     cJSON_Delete(cases);
     free(text);
     TEST_DONE();
