@@ -159,17 +159,17 @@ def header(name, mname, m, ftype, tensors, tok):
 def write_models(mname, types, out_dir, force):
     m = MODELS[mname]
     paths = {t: os.path.join(out_dir, f"{mname}-{t}.gguf") for t in types}
-    todo = [t for t in types if force or not os.path.exists(paths[t])]
+    pending = [t for t in types if force or not os.path.exists(paths[t])]
     for t in types:
-        if t not in todo:
+        if t not in pending:
             print(f"make_bench_models: {paths[t]} exists (--force to rewrite)")
-    if not todo:
+    if not pending:
         return
     t0 = time.time()
     tensors = tensor_list(m)
     tok = vocabulary(m["vocab"])
     files, bases, offs = {}, {}, {}
-    for t in todo:
+    for t in pending:
         h, offsets, total = header(paths[t], mname, m, t, tensors, tok)
         f = open(paths[t] + ".part", "wb")
         f.write(h)
@@ -179,14 +179,14 @@ def write_models(mname, types, out_dir, force):
     for k, (tname, shape) in enumerate(tensors):
         n = int(np.prod(shape))
         n_params += n
-        for t in todo:  # pad to this tensor's aligned offset
+        for t in pending:  # pad to this tensor's aligned offset
             files[t].seek(bases[t] + offs[t][k][0])
         if len(shape) == 1:
             if tname.endswith(".bias"):
                 a = (SCALE * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
             else:
                 a = np.ones(n, dtype=np.float32)  # norm weights
-            for t in todo:
+            for t in pending:
                 files[t].write(a.astype("<f4").tobytes())
             continue
         cols = shape[1]
@@ -195,14 +195,14 @@ def write_models(mname, types, out_dir, force):
             r = min(rows_per, shape[0] - r0)
             a = rng.standard_normal((r, cols), dtype=np.float32)
             a *= SCALE
-            for t in todo:
+            for t in pending:
                 files[t].write(G.encode_tensor(TYPES[t], a))
-    for t in todo:
+    for t in pending:
         files[t].close()
         os.replace(paths[t] + ".part", paths[t])
         print(f"make_bench_models: wrote {paths[t]} ({os.path.getsize(paths[t]) / 1e6:.0f} MB)")
     print(f"make_bench_models: {mname}: {n_params / 1e6:.1f}M parameters, "
-          f"{len(todo)} files in {time.time() - t0:.1f} s")
+          f"{len(pending)} files in {time.time() - t0:.1f} s")
 
 
 def main():

@@ -1,7 +1,7 @@
 // Persistent thread pool. A forward pass issues a couple of hundred small parallel tasks per
 // token, so waking sleeping threads for each (a futex round trip, tens of microseconds) would cost
 // more than the work. Workers and the caller therefore spin on an atomic counter for a bounded
-// time (TD_POOL_SPIN_NS, default 200 us, like ggml's polling) and only then fall back to a
+// time (TANDEM_POOL_SPIN_NS, default 200 us, like ggml's polling) and only then fall back to a
 // condition variable, so an idle pool (a server between requests) sleeps and an oversubscribed
 // machine is not burned for long.
 //
@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "base/log.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -101,11 +103,14 @@ td_pool *td_pool_create(int n_threads) {
     if (!p) return NULL;
     p->n = n_threads;
     p->spin_ns = 200000;
-    const char *s = getenv("TD_POOL_SPIN_NS");
+    const char *s = getenv("TANDEM_POOL_SPIN_NS");
     if (s && *s) {
         char *end;
         long v = strtol(s, &end, 10);
-        if (*end == '\0' && v >= 0) p->spin_ns = v;
+        if (*end == '\0' && v >= 0)
+            p->spin_ns = v;
+        else
+            TD_LOGW("TANDEM_POOL_SPIN_NS=%s ignored: expected nanoseconds >= 0", s);
     }
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->start, NULL);

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "run_cmd.h"
 #include "test_util.h"
 
 // CHECK_NEAR with a formatted message; prints both values on failure.
@@ -23,25 +24,10 @@
 static const char *g_bin;
 static char g_ref[1024];
 
-static char *run(const char *cmd, int *status) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return NULL;
-    size_t cap = 1 << 16, n = 0, r;
-    char *buf = malloc(cap);
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (cap - n < 1024) buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return buf;
-}
-
 static cJSON *bench_json(const char *args, int *status) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "%s bench %s --json 2>/dev/null", g_bin, args);
-    char *out = run(cmd, status);
+    char *out = td_test_run(cmd, status);
     cJSON *j = out ? cJSON_Parse(out) : NULL;
     free(out);
     return j;

@@ -11,6 +11,7 @@
 
 #include "base/file.h"
 #include "kernel_choice.h"
+#include "run_cmd.h"
 #include "test_util.h"
 
 static const char *g_bin, *g_ref;
@@ -26,23 +27,6 @@ static int g_rounds;
 static const cJSON *oracle_for(const cJSON *model) {
     const cJSON *act = cJSON_GetObjectItem(model, "act");
     return g_rounds && act ? act : model;
-}
-
-// Runs a shell command, captures stdout (malloc'd) and the exit status.
-static char *run(const char *cmd, int *status) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t r;
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (cap - n < 1024) buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return buf;
 }
 
 static void ids_str(const cJSON *arr, char *out, size_t cap) {
@@ -65,7 +49,7 @@ static float *read_f32(const char *rel, size_t *count) {
 static cJSON *run_json(const char *args, int *status) {
     char cmd[20000];
     snprintf(cmd, sizeof cmd, "%s run %s --json 2>/dev/null", g_bin, args);
-    char *out = run(cmd, status);
+    char *out = td_test_run(cmd, status);
     cJSON *j = out ? cJSON_Parse(out) : NULL;
     free(out);
     return j;
@@ -259,7 +243,7 @@ int main(void) {
         free(x), free(y);
         char cmd[20000];
         snprintf(cmd, sizeof cmd, "%s run %s 2>/dev/null", g_bin, args);
-        char *plain = run(cmd, &s3);
+        char *plain = td_test_run(cmd, &s3);
         const char *jt = cJSON_GetObjectItem(a, "text")->valuestring;
         CHECK(s3 == 0 && plain && !strncmp(plain, jt, strlen(jt)) && plain[strlen(jt)] == '\n',
               "streamed text differs from --json text");
@@ -286,7 +270,7 @@ int main(void) {
         snprintf(a2, sizeof a2, bad[i].args, g_ref);
         snprintf(cmd, sizeof cmd, "%s run %s 2>&1 >/dev/null", g_bin, a2);
         int st;
-        char *errout = run(cmd, &st);
+        char *errout = td_test_run(cmd, &st);
         CHECK(st == bad[i].status, "'%s' exited %d, want %d", a2, st, bad[i].status);
         CHECK(errout && strstr(errout, bad[i].needle), "'%s' error '%s' lacks '%s'", a2, errout ? errout : "",
               bad[i].needle);

@@ -12,6 +12,7 @@
 #include "base/file.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "run_cmd.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -24,28 +25,13 @@ static const char *SNIPPET =
     "Philmont Country Club. The women have a reputation for giving parties that are different and are fun "
     "and this year's promises to follow in this fine tradition. Mrs. H. J. Grinsfelder is chairman.";
 
-static char *run(const char *cmd, int *status) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return NULL;
-    size_t cap = 1 << 16, n = 0, r;
-    char *buf = malloc(cap);
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (cap - n < 1024) buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return buf;
-}
-
 // `tandem run` with no MODEL from directory `cwd`: exit 0 and n tokens in its JSON output.
 static void check_run(const char *bin, const char *cwd) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
              "cd '%s' && '%s' run --prompt 'The' -n 12 --temperature 0 --ignore-eos --json 2>/dev/null", cwd, bin);
     int st = -1;
-    char *out = run(cmd, &st);
+    char *out = td_test_run(cmd, &st);
     cJSON *j = out ? cJSON_Parse(out) : NULL;
     const cJSON *toks = cJSON_GetObjectItem(j, "tokens"), *text = cJSON_GetObjectItem(j, "text");
     CHECK(st == 0 && cJSON_GetArraySize(toks) == 12 && cJSON_IsString(text) && strlen(text->valuestring) > 0,

@@ -10,26 +10,10 @@
 #include <sys/wait.h>
 
 #include "base/file.h"
+#include "run_cmd.h"
 #include "test_util.h"
 
 static const char *g_bin, *g_ref;
-
-// Runs a shell command, captures stdout (malloc'd) and the exit status.
-static char *run(const char *cmd, int *status) {
-    FILE *p = popen(cmd, "r");
-    if (!p) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t r;
-    while ((r = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += r;
-        if (cap - n < 1024) buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = 0;
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return buf;
-}
 
 // Bounds on max |logprob - oracle| over the prompt, per cache type. f32 is the exact path (the
 // tolerance test_cli_run holds it to). A 16-bit cache perturbs every key and value by a relative
@@ -58,7 +42,7 @@ static double echo_err(const char *path, const cJSON *prompt, const float *rows,
     snprintf(cmd, sizeof cmd, "%s run %s/%s --prompt-ids %s -n 1 --temperature 0 --echo --batch 64 --json%s%s 2>/dev/null",
              g_bin, g_ref, path, ids_str(prompt), dt ? " --kv-cache-dtype " : "", dt ? dt : "");
     int st;
-    *raw = run(cmd, &st);
+    *raw = td_test_run(cmd, &st);
     cJSON *j = *raw ? cJSON_Parse(*raw) : NULL;
     CHECK(st == 0 && j, "%s --kv-cache-dtype %s: exited %d", path, dt ? dt : "(default)", st);
     if (!j) return -1;
@@ -150,7 +134,7 @@ int main(void) {
         snprintf(a2, sizeof a2, bad[i], g_ref);
         snprintf(cmd, sizeof cmd, "%s %s 2>&1 >/dev/null", g_bin, a2);
         int st;
-        char *errout = run(cmd, &st);
+        char *errout = td_test_run(cmd, &st);
         CHECK(st == 2, "'%s' exited %d, want 2", a2, st);
         CHECK(errout && strstr(errout, "--kv-cache-dtype"), "'%s' error '%s' lacks the flag", a2, errout ? errout : "");
         free(errout);

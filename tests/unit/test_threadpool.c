@@ -1,7 +1,7 @@
 // The thread pool's hand-off between spinning and sleeping: every task runs exactly once per
 // worker with the right (ith, nth), its writes are visible to the caller when td_pool_run returns,
 // and no wake-up is lost whichever side sleeps. Delays between and inside tasks straddle the spin
-// limit (set small through TD_POOL_SPIN_NS) so both the spin and the condition-variable paths and
+// limit (set small through TANDEM_POOL_SPIN_NS) so both the spin and the condition-variable paths and
 // the races between them are hit. A lost wake-up hangs: alarm() turns that into a failure.
 #include <signal.h>
 #include <stdatomic.h>
@@ -50,7 +50,7 @@ static void on_alarm(int sig) {
 }
 
 static void run_rounds(int n_threads, const char *spin_ns, int rounds, uint64_t seed) {
-    setenv("TD_POOL_SPIN_NS", spin_ns, 1);
+    setenv("TANDEM_POOL_SPIN_NS", spin_ns, 1);
     td_pool *p = td_pool_create(n_threads);
     CHECK(p != NULL, "create %d", n_threads);
     if (!p) return;
@@ -115,7 +115,7 @@ int main(void) {
     run_rounds(3, "0", 5000, 3);      // never spin
     run_rounds(2, "200000", 20000, 4);  // the default regime: almost always spinning
     // Idle longer than the spin limit, then work: workers must wake from the condition variable.
-    setenv("TD_POOL_SPIN_NS", "1000", 1);
+    setenv("TANDEM_POOL_SPIN_NS", "1000", 1);
     td_pool *p = td_pool_create(2);
     memset(&j, 0, sizeof j);
     j.sleep_ith = -1;

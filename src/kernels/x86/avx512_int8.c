@@ -17,7 +17,6 @@
 TD_X86_TARGET_INT8_BEGIN
 
 enum {
-    // (tile sizes: see BF_* and I8_* below)
     // Weight bytes per row block that every token tile passes over. bf16: 256 KiB, kept in L2. int8:
     // activations are quantized again for every block (a token's quantization costs about as much
     // as 15-40 rows of its dot products), so larger blocks that spill partly to L3 are faster:
@@ -35,7 +34,7 @@ enum {
 enum {
     BF_BR = 4, BF_BT = 4,  // prefill tile: 16 accumulators, 8 loads per 16 vdpbf16ps (4x6, 6x4, 5x5, 3x8: no faster)
     BF_DR = 1,             // decode: one row, one sequential stream (as the exact float rows)
-    BF_KC = 1024,          // elements per chunk: BF_BT tokens' bf16 activations stay in L1 (12 KiB)
+    BF_KC = 1024,          // elements per chunk: BF_BT tokens' bf16 activations stay in L1 (8 KiB)
 };
 
 // out[r * NT + t] = sum over [0, n) of w[r][i] * xb[t][i] (xb zero-padded to a multiple of 32);
@@ -141,12 +140,12 @@ typedef struct {
     int32_t off[16];
 } xpair;
 
-enum { CHUNK_PAIRS = 32 };
-#ifndef I8_PR
-#define I8_PR 4
-#define I8_PT 4
-#endif
-enum { I8_DR = 8, I8_BR = I8_PR > I8_DR ? I8_PR : I8_DR, I8_BT = I8_PT };  // prefill tile I8_PR x I8_PT, decode I8_DR x 1  // 2048 activation elements quantized per token at a time (stack)
+enum {
+    CHUNK_PAIRS = 32,              // 2048 activation elements quantized per token at a time (stack)
+    I8_PR = 4, I8_PT = 4,          // prefill tile (4x6, 6x4, 8x2 and 2x8 measured slower)
+    I8_DR = 8,                     // decode: rows per tile, one token
+    I8_BR = I8_DR, I8_BT = I8_PT,  // bounds of the accumulator arrays (I8_DR >= I8_PR)
+};
 
 // Quantizes `np` pairs of one token's activations (elements from x, n_blocks blocks left in the row).
 static void quantize_pairs(const float *x, int64_t n_blocks, int np, int q4, xpair *out) {
@@ -264,7 +263,7 @@ INL void int8_matmul(int q4, int NR, int NT, const td_matmul_args *a, int ith, i
                 }
                 for (long r0 = b0; r0 < b1; r0 += NR) {
                     const int nrv = b1 - r0 < NR ? (int)(b1 - r0) : NR;
-                    const uint8_t *wr[I8_DR > I8_BR ? I8_DR : I8_BR];
+                    const uint8_t *wr[I8_BR];
                     for (int r = 0; r < NR; r++)
                         wr[r] = (const uint8_t *)w->data + (size_t)(r0 + (r < nrv ? r : nrv - 1)) * rb;
                     __m512 acc[I8_BR][I8_BT];
