@@ -28,7 +28,7 @@ const char *td_default_model_path(char *buf, size_t cap) {
         char *slash = strrchr(exe, '/');
         if (slash) {
             *slash = 0;  // exe is now the executable's directory
-            static const char *const rel[] = {"../" DM_REL, DM_REL, "../share/tandem/default-model"};
+            static const char *const rel[] = {("../" DM_REL), DM_REL, "../share/tandem/default-model"};
             for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++)
                 if (has_model(buf, cap, exe, rel[i])) return buf;
         }

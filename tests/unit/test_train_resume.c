@@ -326,6 +326,9 @@ int main(void) {
     scan(out, &tmp);
     if (tmp) printf("segment 1 was killed while writing checkpoint %ld\n", tmp);
     // (b2) Resumed, then killed as soon as its first checkpoint's temporary appears (mid-write).
+    // Segment 1 may have left a temporary of the same step behind: the kill waits until segment 2
+    // has logged that step itself (the log is flushed before the save), so it lands in segment
+    // 2's save, not at its start.
     int64_t newest = 0;
     CHECK(td_ckpt_dir_list(out, &newest, 1) >= 1, "no checkpoint after segment 1");
     snprintf(m, sizeof m, "%s/seg2.jsonl", g_dir);
@@ -335,7 +338,7 @@ int main(void) {
     int mid_write = 0;
     for (;;) {
         scan(out, &tmp);
-        if (tmp > newest) {
+        if (tmp > newest && count_lines(m) >= tmp - newest) {
             kill(pid, SIGKILL);
             mid_write = 1;
             break;
