@@ -14,6 +14,7 @@
 //   C: 16 rows x 16 tokens, f32 (TDPBF16PS, accumulated over a 1024-element chunk) or int32
 //      (TDPBSSD, one Q block: scaled by d_w[row] * d_x[token] and accumulated in f32 with AVX-512).
 // Register use: C00 C01 C10 C11 = tiles 0-3 (2 row tiles x 2 token tiles), A0 A1 = 4-5, B0 B1 = 6-7.
+// Scratch (B tiles, padded A, results) lives on the stack: about 80 KiB per call, never malloc.
 //
 // Numerics: activations rounded exactly as the avx512-int8 set rounds them (per 32-block int8 with
 // dx = amax/127, q = round-half-even(x * 127/amax) in f32; bf16 by vcvtneps2bf16), so the same
@@ -43,12 +44,12 @@ enum {
 };
 
 // bf16: every tile 16 x 64 bytes. int8: A 16 rows x 32 bytes (one block), B 8 rows (32 / 4) x 64.
-static const td_amx_cfg amx_cfg_bf16 = {
+static const td_amx_cfg amx_cfg_bf16 __attribute__((aligned(64))) = {
     .palette = 1,
     .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
     .rows = {16, 16, 16, 16, 16, 16, 16, 16},
 };
-static const td_amx_cfg amx_cfg_int8 = {
+static const td_amx_cfg amx_cfg_int8 __attribute__((aligned(64))) = {
     .palette = 1,
     .colsb = {64, 64, 64, 64, 32, 32, 64, 64},
     .rows = {16, 16, 16, 16, 16, 16, 8, 8},
