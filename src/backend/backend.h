@@ -22,6 +22,10 @@ typedef struct td_backend_iface {
     void (*silu_mul)(void *ctx, const td_silu_mul_args *a);       // SwiGLU
     void (*embed)(void *ctx, const td_embed_args *a);             // embedding rows to f32
     void (*add)(void *ctx, const td_add_args *a);                 // residual add
+    // Optional packed weight layouts (kernels.h, TD_PACK_*): bytes of w's packed copy (0: none),
+    // and writing it into dst (64-byte aligned); returns the layout for w->packing.
+    size_t (*pack_bytes)(void *ctx, const td_tensor *w);
+    int (*pack)(void *ctx, const td_tensor *w, void *dst);
 } td_backend_iface;
 
 typedef struct td_backend {
@@ -58,5 +62,12 @@ void td_backend_silu_mul(td_backend *be, float *gate, const float *up, int64_t n
 void td_backend_embed(td_backend *be, const td_tensor *table, const int32_t *tokens, float *y,
                       int n_tok);
 void td_backend_add(td_backend *be, float *y, const float *x, int64_t n);
+
+// Packing a matmul weight for this backend's kernels: bytes needed (0: the backend has no packed
+// layout for w; then w is used as it is); td_backend_pack writes the copy into dst (64-byte
+// aligned, that many bytes, owned by the caller and kept while the view is used) and returns the
+// view to pass to td_backend_matmul instead of w: *w with packed/packing set.
+size_t td_backend_pack_bytes(td_backend *be, const td_tensor *w);
+td_tensor td_backend_pack(td_backend *be, const td_tensor *w, void *dst);
 
 #endif

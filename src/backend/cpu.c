@@ -2,6 +2,7 @@
 // (ith, nth) slice per worker; plus the thin argument-checking wrappers of backend.h.
 #include "backend/backend.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,16 @@ CPU_SLOT(silu_mul, td_silu_mul_args)
 CPU_SLOT(embed, td_embed_args)
 CPU_SLOT(add, td_add_args)
 
+static size_t cpu_pack_bytes(void *ctx_, const td_tensor *w) {
+    const cpu_ctx *ctx = ctx_;
+    return ctx->k->pack_bytes ? ctx->k->pack_bytes(w) : 0;
+}
+
+static int cpu_pack(void *ctx_, const td_tensor *w, void *dst) {
+    const cpu_ctx *ctx = ctx_;
+    return ctx->k->pack(w, dst);
+}
+
 static void cpu_free(void *ctx_) {
     cpu_ctx *ctx = ctx_;
     td_pool_free(ctx->pool);
@@ -69,6 +80,8 @@ static const td_backend_iface cpu_iface = {
     .silu_mul = cpu_silu_mul,
     .embed = cpu_embed,
     .add = cpu_add,
+    .pack_bytes = cpu_pack_bytes,
+    .pack = cpu_pack,
 };
 
 td_backend_cpu_params td_backend_cpu_default_params(void) {
@@ -178,4 +191,16 @@ void td_backend_add(td_backend *be, float *y, const float *x, int64_t n) {
     if (n == 0) return;
     td_add_args a = {.y = y, .x = x, .n = n};
     be->iface->add(be->ctx, &a);
+}
+
+size_t td_backend_pack_bytes(td_backend *be, const td_tensor *w) {
+    return be->iface->pack_bytes && w->ndim == 2 ? be->iface->pack_bytes(be->ctx, w) : 0;
+}
+
+td_tensor td_backend_pack(td_backend *be, const td_tensor *w, void *dst) {
+    TD_ASSERT(td_backend_pack_bytes(be, w) > 0 && ((uintptr_t)dst & 63) == 0);
+    td_tensor v = *w;
+    v.packing = be->iface->pack(be->ctx, w, dst);
+    v.packed = dst;
+    return v;
 }

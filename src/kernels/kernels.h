@@ -120,6 +120,18 @@ typedef struct td_add_args {
     int64_t n;
 } td_add_args;
 
+// Packed weight layouts (td_tensor.packing). A set may offer one for some weight types: the
+// forward asks for it once per matmul weight at start-up (pack_bytes, then pack into a buffer it
+// owns) and the set's matmul then reads `packed` instead of `data`; results are the same bits as
+// with any other batch size, but not those of the unpacked path.
+//   TD_PACK_VNNI16 (Q8_0, Q4_0; avx512-int8): groups of 16 output rows, for each 32-element block
+//   the 16 rows' f16 scales, then the quants in VNNI order, 4 elements of the 16 rows per 64 bytes:
+//   Q8_0 bytes q + 128 (8 x 64 bytes); Q4_0 nibbles q (0..15), elements 8h..8h+3 of each row in the
+//   low nibbles and 8h+4..8h+7 in the high ones of the h-th 64 bytes (4 x 64 bytes). Per block:
+//   544 (Q8_0) or 288 (Q4_0) bytes, as 16 unpacked blocks; the last group is padded with zero
+//   scales, so a packed weight is at most 15 rows larger.
+enum { TD_PACK_NONE = 0, TD_PACK_VNNI16 = 1 };
+
 typedef struct td_kernels {
     const char *name;
     void (*matmul)(const td_matmul_args *a, int ith, int nth);
@@ -130,6 +142,11 @@ typedef struct td_kernels {
     void (*silu_mul)(const td_silu_mul_args *a, int ith, int nth);
     void (*embed)(const td_embed_args *a, int ith, int nth);
     void (*add)(const td_add_args *a, int ith, int nth);
+    // Optional (NULL: the set has no packed layouts). pack_bytes: bytes of w's packed copy, 0 when
+    // the set has none for w's type and shape. pack: writes it to dst (64-byte aligned, pack_bytes
+    // long) and returns the layout (TD_PACK_*) for w->packing.
+    size_t (*pack_bytes)(const td_tensor *w);
+    int (*pack)(const td_tensor *w, void *dst);
 } td_kernels;
 
 // The plain C reference kernels (src/kernels/ref/).

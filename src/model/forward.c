@@ -11,6 +11,9 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "base/log.h"
+
+enum { MW_Q, MW_K, MW_V, MW_O, MW_GATE, MW_UP, MW_DOWN, MW_N };  // a layer's matmul weights in f->mw
 
 typedef struct layer_vecs {  // f32 copies of a layer's small 1-D tensors (NULL when absent)
     float *attn_norm, *ffn_norm, *bq, *bk, *bv, *q_norm, *k_norm;
@@ -23,6 +26,10 @@ struct td_forward {
     td_backend *be;
     int q_dim, kv_dim;
     const td_tensor *output;  // output head: m->output, or tok_embd when tied and absent
+    td_tensor *mw;            // [n_layers * MW_N + 1] matmul weights as the kernels read them
+                              // (the model's views, or packed: pack_weights); the last: output
+    void *packed;             // the packed copies, one buffer (NULL: none)
+    size_t packed_bytes;
 
     double inv_freq[TD_ATTN_MAX_HEAD_DIM / 2];  // [head_dim / 2], scaling and rope_freqs folded in
     layer_vecs *lv;   // [n_layers]
@@ -212,6 +219,41 @@ static td_status load_vecs(td_forward *f, td_err *err) {
     return TD_OK;
 }
 
+// f->mw: every matmul weight as the backend's kernels read it best. Where the kernels have a packed
+// layout for a weight (kernels.h, TD_PACK_*), a copy in that layout goes into one buffer that the
+// forward owns (about the size of those weights again; the model's mapped pages stay untouched
+// afterwards and the OS may drop them). TANDEM_PACK=0 keeps the model's layout.
+static td_status pack_weights(td_forward *f, td_err *err) {
+    const int nl = f->c.n_layers, n = nl * MW_N + 1;
+    f->mw = calloc((size_t)n, sizeof *f->mw);
+    if (!f->mw) return td_err_set(err, TD_ERR_NOMEM, "forward: out of memory");
+    for (int l = 0; l < nl; l++) {
+        const td_layer_weights *w = &f->m->layers[l];
+        const td_tensor *src[MW_N] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+        for (int i = 0; i < MW_N; i++) f->mw[l * MW_N + i] = *src[i];
+    }
+    f->mw[n - 1] = *f->output;
+    const char *env = getenv("TANDEM_PACK");
+    if (env && (!strcmp(env, "0") || !strcmp(env, "off"))) return TD_OK;
+    if (env && *env && strcmp(env, "1") && strcmp(env, "on")) TD_LOGW("TANDEM_PACK=%s ignored (known: 0, off, 1, on)", env);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (td_backend_pack_bytes(f->be, &f->mw[i]) + 63) & ~(size_t)63;
+    if (!total) return TD_OK;
+    f->packed = aligned_alloc(64, total);
+    if (!f->packed)
+        return td_err_set(err, TD_ERR_NOMEM, "forward: out of memory packing weights (%zu MiB; TANDEM_PACK=0 skips it)",
+                          total >> 20);
+    f->packed_bytes = total;
+    char *dst = f->packed;
+    for (int i = 0; i < n; i++) {
+        const size_t b = td_backend_pack_bytes(f->be, &f->mw[i]);
+        if (!b) continue;
+        f->mw[i] = td_backend_pack(f->be, &f->mw[i], dst);
+        dst += (b + 63) & ~(size_t)63;
+    }
+    return TD_OK;
+}
+
 // Product of sizes with overflow check; returns 0 on overflow.
 static size_t mul3(size_t a, size_t b, size_t c) {
     size_t r;
@@ -301,7 +343,7 @@ td_status td_forward_create(const td_model *m, const td_forward_params *pp, td_f
 
     td_backend_cpu_params bp = td_backend_cpu_default_params();
     bp.n_threads = p.n_threads;
-    if ((st = td_backend_cpu_create(&bp, &f->be, err))) goto fail;
+    if ((st = td_backend_cpu_create(&bp, &f->be, err)) || (st = pack_weights(f, err))) goto fail;
     *out = f;
     return TD_OK;
 fail:
@@ -312,6 +354,8 @@ fail:
 void td_forward_free(td_forward *f) {
     if (!f) return;
     td_backend_free(f->be);
+    free(f->mw);
+    free(f->packed);
     free(f->vecs);
     free(f->lv);
     free(f->kv);
@@ -408,13 +452,13 @@ static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl, f
 
     td_backend_embed(be, &m->tok_embd, b->tokens, f->x, T);  // x (T, dim): the residual stream
     for (int l = 0; l < c->n_layers; l++) {
-        const td_layer_weights *w = &m->layers[l];
+        const td_tensor *w = &f->mw[l * MW_N];
         const layer_vecs *lv = &f->lv[l];
         // attention block
         td_backend_rmsnorm(be, f->x, lv->attn_norm, f->xn, T, dim, c->norm_eps);
-        td_backend_matmul(be, &w->wq, lv->bq, f->xn, f->q, T);  // (T, nh, hd)
-        td_backend_matmul(be, &w->wk, lv->bk, f->xn, f->k, T);  // (T, nkv, hd)
-        td_backend_matmul(be, &w->wv, lv->bv, f->xn, f->v, T);  // (T, nkv, hd)
+        td_backend_matmul(be, &w[MW_Q], lv->bq, f->xn, f->q, T);  // (T, nh, hd)
+        td_backend_matmul(be, &w[MW_K], lv->bk, f->xn, f->k, T);  // (T, nkv, hd)
+        td_backend_matmul(be, &w[MW_V], lv->bv, f->xn, f->v, T);  // (T, nkv, hd)
         if (c->qk_norm) {  // Qwen3: per-head RMSNorm before RoPE
             td_backend_rmsnorm(be, f->q, lv->q_norm, f->q, T * nh, hd, c->norm_eps);
             td_backend_rmsnorm(be, f->k, lv->k_norm, f->k, T * nkv, hd, c->norm_eps);
@@ -424,14 +468,14 @@ static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl, f
         // Write the whole batch's keys first: a token then sees earlier tokens of its batch.
         td_backend_kv_write(be, &kvl[l], f->k, f->v, b->seq_id, b->pos, T);
         td_backend_attention(be, f->q, &kvl[l], b->seq_id, b->pos, f->att, T, nh, nkv, hd, scale);
-        td_backend_matmul(be, &w->wo, NULL, f->att, f->xn, T);  // (T, dim)
+        td_backend_matmul(be, &w[MW_O], NULL, f->att, f->xn, T);  // (T, dim)
         td_backend_add(be, f->x, f->xn, (int64_t)T * dim);
         // SwiGLU MLP block
         td_backend_rmsnorm(be, f->x, lv->ffn_norm, f->xn, T, dim, c->norm_eps);
-        td_backend_matmul(be, &w->w_gate, NULL, f->xn, f->gate, T);  // (T, ffn)
-        td_backend_matmul(be, &w->w_up, NULL, f->xn, f->up, T);      // (T, ffn)
+        td_backend_matmul(be, &w[MW_GATE], NULL, f->xn, f->gate, T);  // (T, ffn)
+        td_backend_matmul(be, &w[MW_UP], NULL, f->xn, f->up, T);      // (T, ffn)
         td_backend_silu_mul(be, f->gate, f->up, (int64_t)T * c->ffn_dim);
-        td_backend_matmul(be, &w->w_down, NULL, f->gate, f->xn, T);  // (T, dim)
+        td_backend_matmul(be, &w[MW_DOWN], NULL, f->gate, f->xn, T);  // (T, dim)
         td_backend_add(be, f->x, f->xn, (int64_t)T * dim);
     }
     for (int s = 0; s < f->p.max_seqs && own; s++)
@@ -443,6 +487,6 @@ static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl, f
         if (!b->want_logits || b->want_logits[t])
             memcpy(f->xn + (size_t)j++ * dim, f->x + (size_t)t * dim, (size_t)dim * sizeof(float));
     td_backend_rmsnorm(be, f->xn, f->out_norm, f->xn, n_out, dim, c->norm_eps);
-    td_backend_matmul(be, f->output, NULL, f->xn, logits, n_out);  // (n_out, vocab)
+    td_backend_matmul(be, &f->mw[c->n_layers * MW_N], NULL, f->xn, logits, n_out);  // (n_out, vocab)
     return TD_OK;
 }

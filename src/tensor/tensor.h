@@ -16,6 +16,11 @@ typedef struct td_tensor {
     int64_t ne[TD_MAX_DIMS];  // shape, outermost first
     const void *data;         // not owned
     size_t nbytes;
+    // Optional kernel-friendly copy of `data` (the same values in another layout, not owned), made
+    // once at start-up by whoever owns it (the forward, through td_backend_pack); `packing` names
+    // its layout (TD_PACK_*, kernels/kernels.h), 0 for none. Kernels that don't know it use `data`.
+    const void *packed;
+    int packing;
 } td_tensor;
 
 static inline int td_tensor_present(const td_tensor *t) { return t->ndim > 0 && t->data != NULL; }

@@ -132,14 +132,29 @@ static void mm_check_emulated(const char *set, const mm_case *c, const float *y,
           td_dtype_name(c->w.type), c->n_tok, c->n_out, c->n_in, worst);
 }
 
-static void test_matmul(const td_kernels *k, td_dtype dt, int n_tok, int n_out, int n_in, int bias) {
+// packed: the weight in the set's packed layout (kernels.h, TD_PACK_*), when it has one for dt;
+// the same checks then cover the packed kernels.
+static void test_matmul(const td_kernels *k, td_dtype dt, int n_tok, int n_out, int n_in, int bias, int packed) {
     mm_case c = mm_make(dt, n_tok, n_out, n_in, bias);
+    void *pk = NULL;
+    if (packed) {
+        const size_t pb = k->pack_bytes ? k->pack_bytes(&c.w) : 0;
+        if (!pb) {
+            mm_free(&c);
+            return;
+        }
+        pk = aligned_alloc(64, (pb + 63) & ~(size_t)63);
+        memset(pk, 0xA5, pb);  // the packer must write every byte it reads back
+        c.w.packing = k->pack(&c.w, pk);
+        c.w.packed = pk;
+        CHECK(c.w.packing != TD_PACK_NONE, "%s %s: pack returned no layout", k->name, td_dtype_name(dt));
+    }
     float *yr = mm_run(&td_kernels_ref, &c, c.x, n_tok, 1);
     float *y = mm_run(k, &c, c.x, n_tok, 3);
     int kind = EXACT;
     if (!strcmp(k->name, "avx512-int8"))
         kind = (dt == TD_Q8_0 || dt == TD_Q4_0) ? ACT_INT8 : dt == TD_BF16 ? ACT_BF16 : EXACT;
-    mm_check(k->name, &c, y, yr, kind, "vs ref");
+    mm_check(k->name, &c, y, yr, kind, packed ? "packed vs ref" : "vs ref");
     if (kind != EXACT) {
         float *xe = emulate_x(&c, kind);
         mm_check_emulated(k->name, &c, y, xe);
@@ -147,8 +162,8 @@ static void test_matmul(const td_kernels *k, td_dtype dt, int n_tok, int n_out, 
     }
     // Batch and thread invariance, bit for bit: each token alone, a sub-batch at an offset, one thread.
     float *y1 = mm_run(k, &c, c.x, n_tok, 1);
-    CHECK(!memcmp(y, y1, (size_t)n_tok * n_out * sizeof *y), "%s %s: 1 vs 3 threads differ", k->name,
-          td_dtype_name(dt));
+    CHECK(!memcmp(y, y1, (size_t)n_tok * n_out * sizeof *y), "%s %s%s: 1 vs 3 threads differ", k->name,
+          td_dtype_name(dt), packed ? " packed" : "");
     int same = 1;
     for (int t = 0; t < n_tok; t++) {
         float *yt = mm_run(k, &c, c.x + (size_t)t * n_in, 1, 2);
@@ -160,9 +175,10 @@ static void test_matmul(const td_kernels *k, td_dtype dt, int n_tok, int n_out, 
         same &= !memcmp(ys, y + (size_t)1 * n_out, (size_t)(n_tok - 2) * n_out * sizeof *y);
         free(ys);
     }
-    CHECK(same, "%s %s tok=%d out=%d in=%d: a token's output depends on its batch", k->name, td_dtype_name(dt),
-          n_tok, n_out, n_in);
+    CHECK(same, "%s %s%s tok=%d out=%d in=%d: a token's output depends on its batch", k->name, td_dtype_name(dt),
+          packed ? " packed" : "", n_tok, n_out, n_in);
     free(y), free(yr), free(y1);
+    free(pk);
     mm_free(&c);
 }
 
@@ -175,7 +191,9 @@ static void test_matmuls(const td_kernels *k) {
     for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             const int q = dts[d] == TD_Q8_0 || dts[d] == TD_Q4_0;
-            test_matmul(k, dts[d], shapes[s].tok, shapes[s].out, q ? shapes[s].in_q : shapes[s].in_f, shapes[s].bias);
+            for (int packed = 0; packed < 2; packed++)
+                test_matmul(k, dts[d], shapes[s].tok, shapes[s].out, q ? shapes[s].in_q : shapes[s].in_f, shapes[s].bias,
+                            packed);
         }
 }
 

@@ -318,6 +318,8 @@ static void amx_matmul_int8(int q4, const td_matmul_args *a, int ith, int nth) {
 
 // ---- the set ------------------------------------------------------------------------------------
 
+// Reads w->data (the GGUF rows) whatever w->packing says: this set has no packed layout (NULL
+// pack_bytes/pack), and a copy packed for another set is ignored, as tensor.h specifies.
 static void amx_matmul(const td_matmul_args *a, int ith, int nth) {
     switch (a->w->type) {
     case TD_BF16: amx_matmul_bf16(a, ith, nth); break;

@@ -398,5 +398,7 @@ const td_kernels td_kernels_avx512_int8 = {
     .silu_mul = silu_mul,
     .embed = td_ref_embed,
     .add = add,
+    .pack_bytes = td_vnni16_pack_bytes,
+    .pack = td_vnni16_pack,
 };
 #endif

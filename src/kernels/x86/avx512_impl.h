@@ -28,6 +28,12 @@
 #endif
 
 #define TD_X86_INL static inline __attribute__((always_inline))
+// A loop-unroll hint with a count; dropped when not optimizing (gcc -O0 warns it ignores them).
+#if defined(__OPTIMIZE__) || defined(__clang__)
+#define TD_UNROLL_N(s) _Pragma(s)
+#else
+#define TD_UNROLL_N(s)
+#endif
 
 // Matmul tiles: batch MR rows x MT tokens, decode DR rows x 1 token.
 enum { TD_X86_MR = 4, TD_X86_MT = 4, TD_X86_DR = 8 };
@@ -56,23 +62,23 @@ static inline float td_x86_hsum(__m512 v) {
 static inline __attribute__((always_inline)) void td_x86_hsum_n(const __m512 *v, int n, float *out) {
     const __m512 z = _mm512_setzero_ps();
     __m512 a[8], b[4], c[2];
-    _Pragma("GCC unroll 8") for (int k = 0; k < (n + 1) / 2; k++) {  // [A s8 | B s8]
+    TD_UNROLL_N("GCC unroll 8") for (int k = 0; k < (n + 1) / 2; k++) {  // [A s8 | B s8]
         const __m512 x = v[2 * k], y = 2 * k + 1 < n ? v[2 * k + 1] : z;
         a[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
     }
     const int na = (n + 1) / 2, nb = (na + 1) / 2, nc = (nb + 1) / 2;
-    _Pragma("GCC unroll 4") for (int k = 0; k < nb; k++) {  // [A s4 | B s4 | C s4 | D s4]
+    TD_UNROLL_N("GCC unroll 4") for (int k = 0; k < nb; k++) {  // [A s4 | B s4 | C s4 | D s4]
         const __m512 x = a[2 * k], y = 2 * k + 1 < na ? a[2 * k + 1] : z;
         b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
     }
-    _Pragma("GCC unroll 2") for (int k = 0; k < nc; k++) {  // quarter j: [s2 of vector 4k'+j (2 lanes), s2 of 4k'+4+j]
+    TD_UNROLL_N("GCC unroll 2") for (int k = 0; k < nc; k++) {  // quarter j: [s2 of vector 4k'+j (2 lanes), s2 of 4k'+4+j]
         const __m512 x = b[2 * k], y = 2 * k + 1 < nb ? b[2 * k + 1] : z;
         c[k] = _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xEE));
     }
     const __m512 x = c[0], y = nc > 1 ? c[1] : z;  // lane 4j + m holds vector 4m + j
     float r[16] __attribute__((aligned(64)));
     _mm512_store_ps(r, _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x88), _mm512_shuffle_ps(x, y, 0xDD)));
-    _Pragma("GCC unroll 16") for (int k = 0; k < n; k++) out[k] = r[4 * (k & 3) + (k >> 2)];
+    TD_UNROLL_N("GCC unroll 16") for (int k = 0; k < n; k++) out[k] = r[4 * (k & 3) + (k >> 2)];
 }
 
 // The sums of a tile's accumulators acc[r * ld + t] into out[r * nt + t], every one by td_x86_hsum's
@@ -84,8 +90,8 @@ static inline __attribute__((always_inline)) void td_x86_hsum_tile(const __m512 
         return;
     }
     __m512 v[32];
-    _Pragma("GCC unroll 16") for (int r = 0; r < nr; r++)
-        _Pragma("GCC unroll 16") for (int t = 0; t < nt; t++) v[r * nt + t] = acc[r * ld + t];
+    TD_UNROLL_N("GCC unroll 16") for (int r = 0; r < nr; r++)
+        TD_UNROLL_N("GCC unroll 16") for (int t = 0; t < nt; t++) v[r * nt + t] = acc[r * ld + t];
     td_x86_hsum_n(v, nr * nt < 16 ? nr * nt : 16, out);
     if (nr * nt > 16) td_x86_hsum_n(v + 16, nr * nt - 16, out + 16);
 }
@@ -133,5 +139,9 @@ TD_X86_TARGET_END
 
 void td_avx512_matmul(const td_matmul_args *a, int ith, int nth);
 void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth);
+// TD_PACK_VNNI16 (avx512_vnni16.c): Q8_0/Q4_0 weights packed for the int8 family.
+size_t td_vnni16_pack_bytes(const td_tensor *w);
+int td_vnni16_pack(const td_tensor *w, void *dst);
+void td_avx512_matmul_vnni16(const td_matmul_args *a, int ith, int nth);  // w->packing == TD_PACK_VNNI16
 
 #endif

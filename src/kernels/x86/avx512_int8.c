@@ -292,6 +292,10 @@ static void q4_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_ma
 static void q4_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, I8_DR, 1, a, ith, nth); }
 
 void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth) {
+    if (a->w->packing == TD_PACK_VNNI16 && a->w->packed) {
+        td_avx512_matmul_vnni16(a, ith, nth);
+        return;
+    }
     const int decode = a->n_tok == 1;
     switch (a->w->type) {
     case TD_Q8_0: (decode ? q8_int8_decode : q8_int8_prefill)(a, ith, nth); break;

@@ -1,0 +1,225 @@
+// Q8_0 / Q4_0 matmul over weights packed as TD_PACK_VNNI16 (kernels.h) for the avx512-int8 set:
+// 16 output rows per vector, the activation's 4 bytes broadcast, so one vpdpbusd does 64 MACs of
+// 16 rows at once and a block's scales cost one convert + one multiply + one FMA per 16 rows and
+// token (the unpacked path pays that per row and token). Not here: the unpacked path (avx512_int8.c).
+//
+// Arithmetic, per (row, token): for each 32-block in order, the exact int32 dot of the weight's
+// quants with the token's int8 activations (quantized as avx512_int8.c does: per block, dx =
+// max|x| / 127), then acc = fma(float(dot) * dw, dx, acc); y = acc (+ bias). The same sequence
+// for every tile shape and batch size, so outputs are batch-invariant.
+#include "kernels/x86/x86.h"
+
+#ifdef TD_KERNELS_X86
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "base/threadpool.h"
+#include "kernels/x86/avx512_impl.h"
+
+enum {
+    GROUP = 16,                    // output rows per vector
+    Q8_BLOCK = 16 * 2 + 8 * 64,    // bytes of a packed Q8_0 block of 16 rows (544)
+    Q4_BLOCK = 16 * 2 + 4 * 64,    // ... Q4_0 (288)
+    CHUNK = 128,                   // activation blocks quantized per token at a time (4096 elements)
+    PR = 2, PT = 6,                // prefill tile: 2 groups x 6 tokens = 12 int32 + 12 f32 accumulators
+    DR = 4,                        // decode: 4 groups (64 rows), one token
+    MAX_R = 4, MAX_T = 6,
+    L2_BLOCK = 896 * 1024,         // weight bytes every token tile passes over (as avx512_int8.c)
+};
+
+// One token's activation block: int8 quants, scale, and the correction for the weights' unsigned
+// offset (-K * sum(q), K = 128 for Q8_0 bytes, 8 for Q4_0 nibbles), the int32 dot's start value.
+typedef struct {
+    int8_t q[32];
+    float d;
+    int32_t off;
+} xblock;
+
+// ---- packing (plain C: runs once per weight at start-up) ----------------------------------------
+
+static size_t block_bytes(td_dtype t) { return t == TD_Q8_0 ? Q8_BLOCK : t == TD_Q4_0 ? Q4_BLOCK : 0; }
+
+size_t td_vnni16_pack_bytes(const td_tensor *w) {
+    const size_t bb = block_bytes(w->type);
+    if (!bb || w->ndim != 2 || w->ne[1] % TD_QK) return 0;
+    return (size_t)((w->ne[0] + GROUP - 1) / GROUP) * (size_t)(w->ne[1] / TD_QK) * bb;
+}
+
+int td_vnni16_pack(const td_tensor *w, void *dst) {
+    const int64_t n_out = w->ne[0], nb = w->ne[1] / TD_QK;
+    const size_t bb = block_bytes(w->type), rb = td_row_bytes(w->type, w->ne[1]);
+    memset(dst, 0, td_vnni16_pack_bytes(w));
+    for (int64_t r = 0; r < n_out; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
+        const int lane = (int)(r % GROUP);
+        uint8_t *g = (uint8_t *)dst + (size_t)(r / GROUP) * (size_t)nb * bb;
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = g + (size_t)b * bb, *q = o + 2 * GROUP;
+            if (w->type == TD_Q8_0) {
+                const td_block_q8_0 *s = (const td_block_q8_0 *)row + b;
+                memcpy(o + 2 * lane, &s->d, 2);
+                for (int e = 0; e < TD_QK; e++) q[(e / 4) * 64 + lane * 4 + e % 4] = (uint8_t)(s->q[e] ^ 0x80);
+            } else {
+                const td_block_q4_0 *s = (const td_block_q4_0 *)row + b;
+                memcpy(o + 2 * lane, &s->d, 2);
+                for (int e = 0; e < TD_QK; e++) {  // element e: low nibble of qs[e] (e < 16), else high of qs[e - 16]
+                    const int v = e < 16 ? s->qs[e] & 15 : s->qs[e - 16] >> 4;
+                    const int g4 = e / 4;  // 4-element group; groups 2h and 2h + 1 share the h-th 64 bytes
+                    q[(g4 / 2) * 64 + lane * 4 + e % 4] |= (uint8_t)(v << (4 * (g4 % 2)));
+                }
+            }
+        }
+    }
+    return TD_PACK_VNNI16;
+}
+
+// ---- kernels ----------------------------------------------------------------------------------
+
+TD_X86_TARGET_INT8_BEGIN
+
+// Quantizes nb blocks of one token (avx512_int8.c's quantize_pairs, block by block: same values).
+static void quantize_blocks(const float *x, int64_t nb, int32_t excess, xblock *o) {
+    for (int64_t b = 0; b < nb; b++, x += 32) {
+        const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        const __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+        _mm_storeu_si128((__m128i *)o[b].q, _mm512_cvtepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(o[b].q + 16), _mm512_cvtepi32_epi8(i1));
+        o[b].d = amax / 127.0f;
+        o[b].off = -excess * _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+    }
+}
+
+static inline __m512i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+// acc[r][t] continues over blocks [0, nb) of R groups (g[r]: their first block) and T tokens.
+TD_X86_INL void tile(int q4, int R, int T, const uint8_t *const *g, const xblock *const *x, int64_t nb, size_t pf,
+                     __m512 acc[MAX_R][MAX_T]) {
+    const size_t bb = q4 ? Q4_BLOCK : Q8_BLOCK;
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i ia[MAX_R][MAX_T];
+TD_UNROLL
+        for (int r = 0; r < R; r++)
+TD_UNROLL
+            for (int t = 0; t < T; t++) ia[r][t] = _mm512_set1_epi32(x[t][b].off);
+        if (pf)
+TD_UNROLL
+            for (int r = 0; r < R; r++) td_x86_prefetch_nta((const char *)g[r] + (b * bb + pf), (int)bb);
+        if (!q4) {
+TD_UNROLL
+            for (int k = 0; k < 8; k++) {
+                __m512i wv[MAX_R];
+TD_UNROLL
+                for (int r = 0; r < R; r++) wv[r] = _mm512_loadu_si512(g[r] + b * bb + 2 * GROUP + 64 * k);
+TD_UNROLL
+                for (int t = 0; t < T; t++) {
+                    const __m512i xb = bcast4(x[t][b].q + 4 * k);
+TD_UNROLL
+                    for (int r = 0; r < R; r++) ia[r][t] = _mm512_dpbusd_epi32(ia[r][t], wv[r], xb);
+                }
+            }
+        } else {
+            const __m512i m4 = _mm512_set1_epi8(15);
+TD_UNROLL
+            for (int h = 0; h < 4; h++) {
+                __m512i lo[MAX_R], hi[MAX_R];
+TD_UNROLL
+                for (int r = 0; r < R; r++) {
+                    const __m512i v = _mm512_loadu_si512(g[r] + b * bb + 2 * GROUP + 64 * h);
+                    lo[r] = _mm512_and_si512(v, m4);
+                    hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                }
+TD_UNROLL
+                for (int t = 0; t < T; t++) {
+                    const __m512i xa = bcast4(x[t][b].q + 8 * h), xc = bcast4(x[t][b].q + 8 * h + 4);
+TD_UNROLL
+                    for (int r = 0; r < R; r++) {
+                        ia[r][t] = _mm512_dpbusd_epi32(ia[r][t], lo[r], xa);
+                        ia[r][t] = _mm512_dpbusd_epi32(ia[r][t], hi[r], xc);
+                    }
+                }
+            }
+        }
+TD_UNROLL
+        for (int r = 0; r < R; r++) {
+            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g[r] + b * bb)));
+TD_UNROLL
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ia[r][t]), dw), _mm512_set1_ps(x[t][b].d),
+                                            acc[r][t]);
+        }
+    }
+}
+
+// y = x W^T (+ bias) for this slice of row groups: L2 blocks of groups x token tiles x activation
+// chunks x group tiles. Between chunks the accumulators rest in y (exact), so chunking never
+// changes a sum.
+TD_X86_INL void vnni16_matmul(int q4, int R, int T, const td_matmul_args *a, int ith, int nth) {
+    const td_tensor *w = a->w;
+    const int64_t n_out = w->ne[0], n_in = w->ne[1], nb = n_in / TD_QK, n_groups = (n_out + GROUP - 1) / GROUP;
+    const size_t bb = q4 ? Q4_BLOCK : Q8_BLOCK, gb = (size_t)nb * bb;  // bytes per block / group
+    const uint8_t *packed = w->packed;
+    long lo, hi;
+    td_split((long)n_groups, ith, nth, &lo, &hi);
+    long block = (long)(L2_BLOCK / gb) / R * R;
+    if (block < R) block = R;
+    if (a->n_tok <= T) block = hi - lo;
+    const size_t pf = a->n_tok == 1 ? (size_t)R * gb : 0;  // decode streams: prefetch the next tile's groups
+    xblock xbuf[MAX_T][CHUNK];
+    for (long b0 = lo; b0 < hi; b0 += block) {
+        const long b1 = hi - b0 < block ? hi : b0 + block;
+        for (int t0 = 0; t0 < a->n_tok; t0 += T) {
+            const int tv = a->n_tok - t0 < T ? a->n_tok - t0 : T;
+            for (int64_t c0 = 0; c0 < nb; c0 += CHUNK) {
+                const int64_t nc = nb - c0 < CHUNK ? nb - c0 : CHUNK;
+                const int last = c0 + nc == nb;
+                const xblock *x[MAX_T];
+                for (int t = 0; t < T; t++) {
+                    if (t < tv) quantize_blocks(a->x + (size_t)(t0 + t) * n_in + c0 * TD_QK, nc, q4 ? 8 : 128, xbuf[t]);
+                    x[t] = xbuf[t < tv ? t : tv - 1];
+                }
+                for (long g0 = b0; g0 < b1; g0 += R) {
+                    const int rv = b1 - g0 < R ? (int)(b1 - g0) : R;
+                    const uint8_t *g[MAX_R];
+                    for (int r = 0; r < R; r++) g[r] = packed + (size_t)(g0 + (r < rv ? r : rv - 1)) * gb + (size_t)c0 * bb;
+                    __m512 acc[MAX_R][MAX_T];
+TD_UNROLL
+                    for (int r = 0; r < R; r++)
+TD_UNROLL
+                        for (int t = 0; t < T; t++) {
+                            const __mmask16 m = td_x86_mask16(n_out - (g0 + r) * GROUP);
+                            acc[r][t] = c0 && r < rv && t < tv
+                                            ? _mm512_maskz_loadu_ps(m, a->y + (size_t)(t0 + t) * n_out + (g0 + r) * GROUP)
+                                            : _mm512_setzero_ps();
+                        }
+                    tile(q4, R, T, g, x, nc, pf, acc);
+                    for (int r = 0; r < rv; r++) {
+                        const int64_t row = (g0 + r) * GROUP;
+                        const __mmask16 m = td_x86_mask16(n_out - row);
+                        const __m512 bias = last && a->bias ? _mm512_maskz_loadu_ps(m, a->bias + row) : _mm512_setzero_ps();
+                        for (int t = 0; t < tv; t++)
+                            _mm512_mask_storeu_ps(a->y + (size_t)(t0 + t) * n_out + row, m,
+                                                  last && a->bias ? _mm512_add_ps(acc[r][t], bias) : acc[r][t]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+void td_avx512_matmul_vnni16(const td_matmul_args *a, int ith, int nth) {
+    const int q4 = a->w->type == TD_Q4_0;
+    if (a->n_tok == 1)
+        q4 ? vnni16_matmul(1, DR, 1, a, ith, nth) : vnni16_matmul(0, DR, 1, a, ith, nth);
+    else
+        q4 ? vnni16_matmul(1, PR, PT, a, ith, nth) : vnni16_matmul(0, PR, PT, a, ith, nth);
+}
+
+TD_X86_TARGET_END
+#endif
