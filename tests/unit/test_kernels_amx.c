@@ -350,6 +350,22 @@ static void test_delegation(const td_kernels *k) {
     CHECK(!memcmp(y, yb, 5 * 9 * sizeof *y), "%s F16 matmul is avx512-int8's", k->name);
     free(y), free(yb);
     mm_free(&c);
+    // a copy packed for avx512-int8 (its VNNI16 layout) is ignored: w->data is read
+    if (base->pack_bytes && base->pack) {
+        mm_case q = mm_make(TD_Q8_0, 3, 20, 96, 1);
+        float *y0 = mm_run(k, &q, q.x, 3, 2);
+        const size_t nb = base->pack_bytes(&q.w);
+        void *buf = nb ? aligned_alloc(64, (nb + 63) / 64 * 64) : NULL;
+        if (buf) {
+            q.w.packing = base->pack(&q.w, buf);
+            q.w.packed = buf;
+            float *yp = mm_run(k, &q, q.x, 3, 2);
+            CHECK(q.w.packing != 0 && !memcmp(y0, yp, 3 * 20 * sizeof *y0), "%s ignores another set's packing", k->name);
+            free(yp);
+        }
+        free(buf), free(y0);
+        mm_free(&q);
+    }
     float x[40], w[40], o1[40], o2[40];
     for (int i = 0; i < 40; i++) x[i] = frand(), w[i] = frand();
     td_rmsnorm_args ra = {.x = x, .w = w, .y = o1, .n_rows = 2, .n = 20, .eps = 1e-5f};
