@@ -223,27 +223,39 @@ static void amx_pack_int8(const float *x, int64_t n_in, int nt, int nb, amx_b8 *
         }
 }
 
-// A for block blk of rows ri.. (in_mem of them exist) into pad (16 x 32 int8, zero rows past
-// in_mem), with the rows' scales dw (0 for missing rows). Q4_0 nibbles unpack to q - 8.
+// The f16 scales of block blk of rows row0.. (in_mem of them exist) into dw (0 for missing rows),
+// and, when `copy`, the block's quants as int8 into pad (16 x 32; zero rows past in_mem; Q4_0
+// nibbles unpack to q - 8).
 static void amx_pad_int8(int q4, const uint8_t *row0, size_t rb, int64_t blk, int in_mem, int8_t (*pad)[32],
                          float *dw, int copy) {
+    const size_t bsz = q4 ? sizeof(td_block_q4_0) : sizeof(td_block_q8_0);
+    const uint8_t *b0 = row0 + (size_t)blk * bsz;
+    if (rb <= (size_t)INT32_MAX / 16) {  // one masked gather: the dword at each row's block start, d in its low half
+        const __m512i off = _mm512_mullo_epi32(_mm512_set1_epi32((int)rb),
+                                               _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+        const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), td_x86_mask16(in_mem), off, b0, 1);
+        _mm512_storeu_ps(dw, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g)));
+    } else {
+        for (int r = 0; r < 16; r++) {
+            uint16_t d = 0;
+            if (r < in_mem) memcpy(&d, b0 + (size_t)r * rb, 2);
+            dw[r] = td_f16_to_f32(d);
+        }
+    }
+    if (!copy) return;
     for (int r = 0; r < 16; r++) {
         if (r >= in_mem) {
-            if (copy) memset(pad[r], 0, 32);
-            dw[r] = 0.0f;
+            memset(pad[r], 0, 32);
             continue;
         }
-        const uint8_t *row = row0 + (size_t)r * rb;
+        const uint8_t *blk_r = b0 + (size_t)r * rb;
         if (q4) {
-            const td_block_q4_0 *bq = (const td_block_q4_0 *)row + blk;
-            dw[r] = td_f16_to_f32(bq->d);
-            const __m128i v = _mm_loadu_si128((const __m128i *)bq->qs), m = _mm_set1_epi8(15), e = _mm_set1_epi8(8);
+            const __m128i v = _mm_loadu_si128((const __m128i *)((const td_block_q4_0 *)blk_r)->qs);
+            const __m128i m = _mm_set1_epi8(15), e = _mm_set1_epi8(8);
             _mm_storeu_si128((__m128i *)pad[r], _mm_sub_epi8(_mm_and_si128(v, m), e));
             _mm_storeu_si128((__m128i *)(pad[r] + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), m), e));
         } else {
-            const td_block_q8_0 *bq = (const td_block_q8_0 *)row + blk;
-            dw[r] = td_f16_to_f32(bq->d);
-            if (copy) memcpy(pad[r], bq->q, 32);
+            memcpy(pad[r], ((const td_block_q8_0 *)blk_r)->q, 32);
         }
     }
 }
