@@ -28,9 +28,17 @@ typedef struct td_backend_iface {
     int (*pack)(void *ctx, const td_tensor *w, void *dst);
 } td_backend_iface;
 
+// TANDEM_PROFILE=1: the wrappers below time every slot call (wall clock, as the caller waits) and
+// td_backend_free prints the totals per slot to stderr: where a forward's time goes.
+enum { TD_PROF_MATMUL_1, TD_PROF_MATMUL_N, TD_PROF_RMSNORM, TD_PROF_ROPE, TD_PROF_KV_WRITE, TD_PROF_ATTENTION,
+       TD_PROF_SILU_MUL, TD_PROF_EMBED, TD_PROF_ADD, TD_PROF_N };
+
 typedef struct td_backend {
     const td_backend_iface *iface;
     void *ctx;  // owned by the backend; released by td_backend_free
+    int profile;                 // TANDEM_PROFILE set at creation
+    double prof_s[TD_PROF_N];    // seconds per slot (matmul: one token / more)
+    long prof_calls[TD_PROF_N];
 } td_backend;
 
 typedef struct td_backend_cpu_params {

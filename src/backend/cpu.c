@@ -3,6 +3,7 @@
 #include "backend/backend.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,12 +117,39 @@ td_status td_backend_cpu_create(const td_backend_cpu_params *p, td_backend **out
     }
     be->iface = &cpu_iface;
     be->ctx = ctx;
+    const char *prof = getenv("TANDEM_PROFILE");
+    be->profile = prof && *prof && strcmp(prof, "0");
     *out = be;
     return TD_OK;
 }
 
+// Runs call, timed into slot when profiling.
+#define PROFILED(be, slot, call)                          \
+    do {                                                  \
+        if (!(be)->profile) {                             \
+            call;                                         \
+            break;                                        \
+        }                                                 \
+        const double t0_ = td_now();                      \
+        call;                                             \
+        (be)->prof_s[slot] += td_now() - t0_;             \
+        (be)->prof_calls[slot]++;                         \
+    } while (0)
+
+static const char *const PROF_NAMES[TD_PROF_N] = {"matmul (1 token)", "matmul (batch)", "rmsnorm", "rope", "kv_write",
+                                                   "attention", "silu_mul", "embed", "add"};
+
 void td_backend_free(td_backend *be) {
     if (!be) return;
+    if (be->profile) {
+        double total = 0;
+        for (int i = 0; i < TD_PROF_N; i++) total += be->prof_s[i];
+        fprintf(stderr, "tandem profile (%s backend): %.3f s in slots\n", be->iface->name, total);
+        for (int i = 0; i < TD_PROF_N; i++)
+            if (be->prof_calls[i])
+                fprintf(stderr, "  %-18s %9.3f s %5.1f %%  %8ld calls\n", PROF_NAMES[i], be->prof_s[i],
+                        total > 0 ? 100.0 * be->prof_s[i] / total : 0.0, be->prof_calls[i]);
+    }
     if (be->iface->free) be->iface->free(be->ctx);
     free(be);
 }
@@ -134,7 +162,7 @@ void td_backend_matmul(td_backend *be, const td_tensor *w, const float *bias, co
     TD_ASSERT((const void *)x != (const void *)y);
     if (n_tok == 0) return;
     td_matmul_args a = {.w = w, .bias = bias, .x = x, .y = y, .n_tok = n_tok};
-    be->iface->matmul(be->ctx, &a);
+    PROFILED(be, a.n_tok == 1 ? TD_PROF_MATMUL_1 : TD_PROF_MATMUL_N, be->iface->matmul(be->ctx, &a));
 }
 
 void td_backend_rmsnorm(td_backend *be, const float *x, const float *w, float *y, int n_rows,
@@ -142,7 +170,7 @@ void td_backend_rmsnorm(td_backend *be, const float *x, const float *w, float *y
     TD_ASSERT(n > 0 && n_rows >= 0);
     if (n_rows == 0) return;
     td_rmsnorm_args a = {.x = x, .w = w, .y = y, .n_rows = n_rows, .n = n, .eps = eps};
-    be->iface->rmsnorm(be->ctx, &a);
+    PROFILED(be, TD_PROF_RMSNORM, be->iface->rmsnorm(be->ctx, &a));
 }
 
 void td_backend_rope(td_backend *be, float *x, const int32_t *pos, const double *inv_freq,
@@ -151,14 +179,14 @@ void td_backend_rope(td_backend *be, float *x, const int32_t *pos, const double 
     if (n_tok == 0) return;
     td_rope_args a = {.x = x, .pos = pos, .inv_freq = inv_freq, .n_tok = n_tok,
                       .n_heads = n_heads, .head_dim = head_dim, .neox = neox};
-    be->iface->rope(be->ctx, &a);
+    PROFILED(be, TD_PROF_ROPE, be->iface->rope(be->ctx, &a));
 }
 
 void td_backend_kv_write(td_backend *be, const td_kv_layer *kv, const float *k, const float *v,
                          const int32_t *seq_id, const int32_t *pos, int n_tok) {
     if (n_tok == 0) return;
     td_kv_write_args a = {.kv = kv, .k = k, .v = v, .seq_id = seq_id, .pos = pos, .n_tok = n_tok};
-    be->iface->kv_write(be->ctx, &a);
+    PROFILED(be, TD_PROF_KV_WRITE, be->iface->kv_write(be->ctx, &a));
 }
 
 void td_backend_attention(td_backend *be, const float *q, const td_kv_layer *kv,
@@ -170,13 +198,13 @@ void td_backend_attention(td_backend *be, const float *q, const td_kv_layer *kv,
     td_attention_args a = {.q = q, .kv = kv, .seq_id = seq_id, .pos = pos, .out = out,
                            .n_tok = n_tok, .n_heads = n_heads, .n_kv_heads = n_kv_heads,
                            .head_dim = head_dim, .scale = scale};
-    be->iface->attention(be->ctx, &a);
+    PROFILED(be, TD_PROF_ATTENTION, be->iface->attention(be->ctx, &a));
 }
 
 void td_backend_silu_mul(td_backend *be, float *gate, const float *up, int64_t n) {
     if (n == 0) return;
     td_silu_mul_args a = {.gate = gate, .up = up, .n = n};
-    be->iface->silu_mul(be->ctx, &a);
+    PROFILED(be, TD_PROF_SILU_MUL, be->iface->silu_mul(be->ctx, &a));
 }
 
 void td_backend_embed(td_backend *be, const td_tensor *table, const int32_t *tokens, float *y,
@@ -184,13 +212,13 @@ void td_backend_embed(td_backend *be, const td_tensor *table, const int32_t *tok
     TD_ASSERT(table->ndim == 2 && td_row_bytes(table->type, table->ne[1]) > 0);
     if (n_tok == 0) return;
     td_embed_args a = {.table = table, .tokens = tokens, .y = y, .n_tok = n_tok};
-    be->iface->embed(be->ctx, &a);
+    PROFILED(be, TD_PROF_EMBED, be->iface->embed(be->ctx, &a));
 }
 
 void td_backend_add(td_backend *be, float *y, const float *x, int64_t n) {
     if (n == 0) return;
     td_add_args a = {.y = y, .x = x, .n = n};
-    be->iface->add(be->ctx, &a);
+    PROFILED(be, TD_PROF_ADD, be->iface->add(be->ctx, &a));
 }
 
 size_t td_backend_pack_bytes(td_backend *be, const td_tensor *w) {

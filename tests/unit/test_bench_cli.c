@@ -137,6 +137,40 @@ int main(void) {
         cJSON_Delete(j);
     }
 
+    // TANDEM_PROFILE=1: the slot calls a forward makes, counted from the model's shape (pp: one
+    // warm-up + one timed forward, 7 matmuls per layer over the prompt, the head over 1 token).
+    {
+        char cmd[2000];
+        snprintf(cmd, sizeof cmd, "TANDEM_PROFILE=1 %s bench pp 8 %s/%s -r 1 -t 2 --no-ceil 2>&1 >/dev/null", g_bin, g_ref,
+                 qwen2.file);
+        char *out = td_test_run(cmd, &st);
+        CHECK(st == 0 && out && strstr(out, "tandem profile (cpu backend)"), "TANDEM_PROFILE: no profile printed (%d)", st);
+        const struct {
+            const char *slot;
+            long calls;
+        } want[] = {{"matmul (batch)", 2L * qwen2.layers * 7}, {"matmul (1 token)", 2},  {"attention", 2L * qwen2.layers},
+                    {"rmsnorm", 2L * (2 * qwen2.layers + 1)},  {"rope", 2L * 2 * qwen2.layers}, {"embed", 2}};
+        double pct_sum = 0;
+        for (size_t i = 0; out && i < sizeof want / sizeof *want; i++) {
+            const char *line = strstr(out, want[i].slot);
+            double sec = -1, pct = -1;
+            long calls = -1;
+            CHECK(line && sscanf(line + strlen(want[i].slot), " %lf s %lf %% %ld calls", &sec, &pct, &calls) == 3,
+                  "TANDEM_PROFILE: no line for %s", want[i].slot);
+            CHECK(calls == want[i].calls, "TANDEM_PROFILE: %s: %ld calls, want %ld", want[i].slot, calls, want[i].calls);
+        }
+        for (const char *p = out ? strchr(out, '\n') : NULL; p && p[1]; p = strchr(p + 1, '\n')) {
+            const char *pc = strstr(p + 1, " %");
+            const char *nl = strchr(p + 1, '\n');
+            if (!pc || (nl && pc > nl)) continue;
+            const char *b = pc;
+            while (b > p + 1 && b[-1] != ' ') b--;
+            pct_sum += atof(b);
+        }
+        NEAR(pct_sum, 100.0, 0.6, "TANDEM_PROFILE: the shares sum to %.2f %%", pct_sum);
+        free(out);
+    }
+
     j = bench_json("ceilings -t 1 --ceil-mib 32", &st);
     CHECK(st == 0 && j, "bench ceilings exited %d", st);
     if (j) {

@@ -162,6 +162,26 @@ static void kv_write(const td_kv_write_args *a, int ith, int nth) {
     }
 }
 
+// Row pointers of keys/values [j0, j0 + n) of a sequence: one block-table lookup per block, not a
+// division per key (per key and query that was most of a prefill's attention time).
+static inline void kv_rows(const td_kv_layer *kv, int seq, int j0, int n, const void **kr, const void **vr) {
+    const size_t row = (size_t)kv->kv_dim * td_kv_elem_bytes(kv->dtype);
+    for (int j = 0; j < n;) {
+        const int off = (j0 + j) % kv->block_size, run = kv->block_size - off < n - j ? kv->block_size - off : n - j;
+        const char *k = td_kv_k_row(kv, seq, j0 + j), *v = td_kv_v_row(kv, seq, j0 + j);
+        for (int u = 0; u < run; u++, j++) kr[j] = k + (size_t)u * row, vr[j] = v + (size_t)u * row;
+    }
+}
+
+// q . k lane-wise: lane i sums q[i + 16 v] k[i + 16 v] over v, in v order.
+static inline __attribute__((always_inline)) __m512 qk_dot(const __m512 *q, const void *k, size_t koff, const int NV,
+                                                           const td_dtype DT) {
+    __m512 x = _mm512_mul_ps(q[0], kv_load16(k, koff, DT));
+    TD_UNROLL
+    for (int v = 1; v < NV; v++) x = _mm512_fmadd_ps(q[v], kv_load16(k, koff + 16 * v, DT), x);
+    return x;
+}
+
 // One query's online-softmax state between key tiles.
 typedef struct {
     __m512 o[8];
@@ -172,9 +192,9 @@ typedef struct {
 // scores 16 keys at a time (16 lane-wise products summed by one transposed tree, per key
 // td_x86_hsum's), then the rescale, exps and the weighted sum of values (even and odd keys in two
 // register sets, so consecutive FMAs do not wait on each other), as the reference's tile.
-static inline __attribute__((always_inline)) void attend_tile(const td_attention_args *a, const __m512 *q, int seq,
-                                                              size_t koff, int j0, int nj, attn_state *st, const int NV,
-                                                              const td_dtype DT) {
+static inline __attribute__((always_inline)) void attend_tile(const td_attention_args *a, const __m512 *q,
+                                                              const void *const *kr, const void *const *vr, size_t koff,
+                                                              int nj, attn_state *st, const int NV, const td_dtype DT) {
     float s[ATTN_TILE] __attribute__((aligned(64)));
     __m512 o[8], o2[8];
     TD_UNROLL
@@ -183,17 +203,13 @@ static inline __attribute__((always_inline)) void attend_tile(const td_attention
     for (int j = 0; j < nj; j += 16) {
         const int nk = nj - j < 16 ? nj - j : 16;
         __m512 d[16];
-        for (int u = 0; u < nk; u++) {
-            const void *k = td_kv_k_row(a->kv, seq, j0 + j + u);
-            __m512 x = _mm512_mul_ps(q[0], kv_load16(k, koff, DT));
-            TD_UNROLL
-            for (int v = 1; v < NV; v++) x = _mm512_fmadd_ps(q[v], kv_load16(k, koff + 16 * v, DT), x);
-            d[u] = x;
-        }
-        if (nk == 16)
+        if (nk == 16) {  // a constant count: d stays in registers
+            TD_UNROLL_N("GCC unroll 16")
+            for (int u = 0; u < 16; u++) d[u] = qk_dot(q, kr[j + u], koff, NV, DT);
             td_x86_hsum_n(d, 16, s + j);
-        else
-            for (int u = 0; u < nk; u++) s[j + u] = td_x86_hsum(d[u]);
+        } else {
+            for (int u = 0; u < nk; u++) s[j + u] = td_x86_hsum(qk_dot(q, kr[j + u], koff, NV, DT));
+        }
         const __mmask16 mk = td_x86_mask16(nk);
         const __m512 sv = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, s + j), _mm512_set1_ps(a->scale));
         _mm512_mask_storeu_ps(s + j, mk, sv);
@@ -215,7 +231,7 @@ static inline __attribute__((always_inline)) void attend_tile(const td_attention
     float l = st->l;
     int j = 0;
     for (; j + 1 < nj; j += 2) {
-        const void *v0 = td_kv_v_row(a->kv, seq, j0 + j), *v1 = td_kv_v_row(a->kv, seq, j0 + j + 1);
+        const void *v0 = vr[j], *v1 = vr[j + 1];
         const __m512 e0 = _mm512_set1_ps(s[j]), e1 = _mm512_set1_ps(s[j + 1]);
         l += s[j];
         l += s[j + 1];
@@ -226,7 +242,7 @@ static inline __attribute__((always_inline)) void attend_tile(const td_attention
         }
     }
     if (j < nj) {
-        const void *v0 = td_kv_v_row(a->kv, seq, j0 + j);
+        const void *v0 = vr[j];
         const __m512 e0 = _mm512_set1_ps(s[j]);
         l += s[j];
         TD_UNROLL
@@ -254,7 +270,10 @@ static inline __attribute__((always_inline)) void attend_run(const td_attention_
         st[i].m = -INFINITY, st[i].l = 0.0f;
     }
     const int max_keys = a->pos[t0 + nq - 1] + 1;
-    for (int j0 = 0; j0 < max_keys; j0 += ATTN_TILE)
+    const void *kr[ATTN_TILE], *vr[ATTN_TILE];
+    for (int j0 = 0; j0 < max_keys; j0 += ATTN_TILE) {
+        const int nj = max_keys - j0 < ATTN_TILE ? max_keys - j0 : ATTN_TILE;
+        kv_rows(a->kv, seq, j0, nj, kr, vr);
         for (int i = 0; i < nq; i++) {
             const int n_keys = a->pos[t0 + i] + 1;
             if (j0 >= n_keys) continue;
@@ -262,8 +281,9 @@ static inline __attribute__((always_inline)) void attend_run(const td_attention_
             __m512 q[8];
             TD_UNROLL
             for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qp + 16 * v);
-            attend_tile(a, q, seq, koff, j0, n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE, &st[i], NV, DT);
+            attend_tile(a, q, kr, vr, koff, n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE, &st[i], NV, DT);
         }
+    }
     for (int i = 0; i < nq; i++) {
         float *out = a->out + ((size_t)(t0 + i) * a->n_heads + h) * hd;
         const __m512 il = _mm512_set1_ps(1.0f / st[i].l);
