@@ -1,5 +1,5 @@
 // Kernel-set registry: the reference table, the x86 SIMD tables, and the run-time switch
-// (TANDEM_KERNELS=ref|avx2|avx512|avx512-int8|auto). CPU features are read once (CPUID); a forced set
+// (TANDEM_KERNELS=ref|avx2|avx512|avx512-int8|amx|amx-emu|auto). CPU features are read once (CPUID); a forced set
 // the CPU lacks is refused (NULL) rather than allowed to fault on an illegal instruction.
 #include "kernels/kernels.h"
 
@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/ref/ref.h"
+#include "kernels/x86/amx.h"
 #include "kernels/x86/x86.h"
 
 const td_kernels td_kernels_ref = {
@@ -29,6 +30,11 @@ static const struct {
     int in_auto;  // chosen by "auto" when supported (the first such entry wins)
 } sets[] = {
 #ifdef TD_KERNELS_X86
+    // AMX tiles for BF16/Q8_0/Q4_0 matmuls with avx512-int8's activation rounding (docs/kernels.md);
+    // first where CPUID, XCR0 and the OS's tile-data permission allow it.
+    {&td_kernels_amx, td_x86_has_amx, 1},
+    // The same kernels over the plain-C tile emulator: a test vehicle, only ever chosen by name.
+    {&td_kernels_amx_emu, td_x86_has_avx512_int8, 0},
     // Quantized activations for Q8_0/Q4_0/BF16 weights (llama.cpp's semantics, docs/kernels.md);
     // the default where the CPU has VNNI + AVX512-BF16. TANDEM_KERNELS=avx512 is the exact path.
     {&td_kernels_avx512_int8, td_x86_has_avx512_int8, 1},

@@ -156,7 +156,10 @@ extern const td_kernels td_kernels_ref;
 // or "auto" = the best set this CPU runs (avx512-int8, else avx512, else avx2, else ref). Names:
 // "ref", "avx2" and "avx512" (exact: match ref up to f32 summation order), "avx512-int8" (needs
 // VNNI + AVX512-BF16; Q8_0/Q4_0 multiply int8-quantized activations, BF16 bf16-rounded ones, as
-// llama.cpp does; F32/F16 as avx512; see docs/kernels.md). TANDEM_KERNELS=avx512 is the exact path.
+// llama.cpp does; F32/F16 as avx512; see docs/kernels.md), "amx" (Intel AMX tiles for those three
+// weight types, avx512-int8's semantics; first in auto where CPUID and the OS allow it) and
+// "amx-emu" (the same kernels over a plain-C tile emulator: a test vehicle, never chosen by auto).
+// TANDEM_KERNELS=avx512 is the exact path.
 // Returns NULL for an unknown name or a set this CPU cannot run.
 const td_kernels *td_kernels_get(const char *name);
 // 1 if the named set exists in this build and this CPU can run it.

@@ -12,10 +12,11 @@
 // The int8/bf16-activation set's name (docs/kernels.md): Q8_0/Q4_0/BF16 matmuls round activations.
 #define TK_INT8_SET "avx512-int8"
 
-// 1 if the set the forward will use (TANDEM_KERNELS, else auto) rounds activations.
+// 1 if the set the forward will use (TANDEM_KERNELS, else auto) rounds activations: avx512-int8,
+// and the AMX sets, which round them exactly as it does (docs/kernels.md, "AMX").
 static inline int tk_rounds_activations(void) {
     const td_kernels *k = td_kernels_get(NULL);
-    return k && !strcmp(k->name, TK_INT8_SET);
+    return k && (!strcmp(k->name, TK_INT8_SET) || !strcmp(k->name, "amx") || !strcmp(k->name, "amx-emu"));
 }
 
 // The fastest set this CPU runs that matches the reference kernels up to f32 summation order.

@@ -345,7 +345,11 @@ static void test_greedy_oracle(void) {
             if (d > dlp) dlp = d;
         }
         CHECK(ok, "%s: engine greedy tokens == oracle (%d tokens, finish %d)", names[i], r->ntok[0], r->fin[0]);
-        CHECK(dlp < 2e-4, "%s: engine greedy logprobs vs oracle: max diff %.3g", names[i], dlp);
+        // Against the rounded oracle a one-step rounding flip (test_oracle.c) may move a token's
+        // log-prob by ~0.1 while the tokens stay equal: the amx sets (other f32 order than
+        // avx512-int8) flip one in llama2-q8_0 (0.038); engine == td_forward below stays tight.
+        const double lp_tol = act && tk_rounds_activations() ? 0.3 : 2e-4;
+        CHECK(dlp < lp_tol, "%s: engine greedy logprobs vs oracle: max diff %.3g", names[i], dlp);
         int32_t ft[64];
         float fl[64];
         int nf = forward_greedy(L.m, gp, ngp, nw, ft, fl);
