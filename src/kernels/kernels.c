@@ -30,9 +30,11 @@ static const struct {
     int in_auto;  // chosen by "auto" when supported (the first such entry wins)
 } sets[] = {
 #ifdef TD_KERNELS_X86
-    // AMX tiles for BF16/Q8_0/Q4_0 matmuls with avx512-int8's activation rounding (docs/kernels.md);
-    // first where CPUID, XCR0 and the OS's tile-data permission allow it.
-    {&td_kernels_amx, td_x86_has_amx, 1},
+    // AMX tiles for BF16/Q8_0/Q4_0 matmuls with avx512-int8's activation rounding (docs/kernels.md),
+    // where CPUID, XCR0 and the OS's tile-data permission allow it. By name only until it has run
+    // on AMX hardware (it has been tested through the emulator alone) and been measured against the
+    // packed avx512-int8 tiles: then it may join auto.
+    {&td_kernels_amx, td_x86_has_amx, 0},
     // The same kernels over the plain-C tile emulator: a test vehicle, only ever chosen by name.
     {&td_kernels_amx_emu, td_x86_has_avx512_int8, 0},
     // Quantized activations for Q8_0/Q4_0/BF16 weights (llama.cpp's semantics, docs/kernels.md);

@@ -157,7 +157,7 @@ extern const td_kernels td_kernels_ref;
 // "ref", "avx2" and "avx512" (exact: match ref up to f32 summation order), "avx512-int8" (needs
 // VNNI + AVX512-BF16; Q8_0/Q4_0 multiply int8-quantized activations, BF16 bf16-rounded ones, as
 // llama.cpp does; F32/F16 as avx512; see docs/kernels.md), "amx" (Intel AMX tiles for those three
-// weight types, avx512-int8's semantics; first in auto where CPUID and the OS allow it) and
+// weight types, avx512-int8's semantics; by name only until it has run on AMX hardware) and
 // "amx-emu" (the same kernels over a plain-C tile emulator: a test vehicle, never chosen by auto).
 // TANDEM_KERNELS=avx512 is the exact path.
 // Returns NULL for an unknown name or a set this CPU cannot run.
