@@ -58,9 +58,24 @@ static size_t cpu_pack_bytes(void *ctx_, const td_tensor *w) {
     return ctx->k->pack_bytes ? ctx->k->pack_bytes(w) : 0;
 }
 
-static int cpu_pack(void *ctx_, const td_tensor *w, void *dst) {
-    const cpu_ctx *ctx = ctx_;
-    return ctx->k->pack(w, dst);
+typedef struct {
+    const td_kernels *k;
+    const td_tensor *w;
+    void *dst;
+    int layout;
+} pack_job;
+
+static void pack_task(void *job_, int ith, int nth) {
+    pack_job *job = job_;
+    const int layout = job->k->pack(job->w, job->dst, ith, nth);
+    if (ith == 0) job->layout = layout;
+}
+
+static int cpu_pack(void *ctx_, const td_tensor *w, void *dst) {  // on every worker
+    cpu_ctx *ctx = ctx_;
+    pack_job job = {ctx->k, w, dst, 0};
+    td_pool_run(ctx->pool, pack_task, &job);
+    return job.layout;
 }
 
 static void cpu_free(void *ctx_) {

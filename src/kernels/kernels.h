@@ -143,10 +143,11 @@ typedef struct td_kernels {
     void (*embed)(const td_embed_args *a, int ith, int nth);
     void (*add)(const td_add_args *a, int ith, int nth);
     // Optional (NULL: the set has no packed layouts). pack_bytes: bytes of w's packed copy, 0 when
-    // the set has none for w's type and shape. pack: writes it to dst (64-byte aligned, pack_bytes
-    // long) and returns the layout (TD_PACK_*) for w->packing.
+    // the set has none for w's type and shape. pack: writes this (ith, nth) slice of it to dst
+    // (64-byte aligned, pack_bytes long; the slices together write every byte) and returns the
+    // layout (TD_PACK_*) for w->packing.
     size_t (*pack_bytes)(const td_tensor *w);
-    int (*pack)(const td_tensor *w, void *dst);
+    int (*pack)(const td_tensor *w, void *dst, int ith, int nth);
 } td_kernels;
 
 // The plain C reference kernels (src/kernels/ref/).

@@ -357,7 +357,7 @@ static void test_delegation(const td_kernels *k) {
         const size_t nb = base->pack_bytes(&q.w);
         void *buf = nb ? aligned_alloc(64, (nb + 63) / 64 * 64) : NULL;
         if (buf) {
-            q.w.packing = base->pack(&q.w, buf);
+            q.w.packing = base->pack(&q.w, buf, 0, 1);
             q.w.packed = buf;
             float *yp = mm_run(k, &q, q.x, 3, 2);
             CHECK(q.w.packing != 0 && !memcmp(y0, yp, 3 * 20 * sizeof *y0), "%s ignores another set's packing", k->name);

@@ -145,7 +145,7 @@ static void test_matmul(const td_kernels *k, td_dtype dt, int n_tok, int n_out, 
         }
         pk = aligned_alloc(64, (pb + 63) & ~(size_t)63);
         memset(pk, 0xA5, pb);  // the packer must write every byte it reads back
-        c.w.packing = k->pack(&c.w, pk);
+        for (int ith = 0; ith < 3; ith++) c.w.packing = k->pack(&c.w, pk, ith, 3);  // in slices, as the backend
         c.w.packed = pk;
         CHECK(c.w.packing != TD_PACK_NONE, "%s %s: pack returned no layout", k->name, td_dtype_name(dt));
     }

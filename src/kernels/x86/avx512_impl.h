@@ -141,7 +141,7 @@ void td_avx512_matmul(const td_matmul_args *a, int ith, int nth);
 void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth);
 // TD_PACK_VNNI16 (avx512_vnni16.c): Q8_0/Q4_0 weights packed for the int8 family.
 size_t td_vnni16_pack_bytes(const td_tensor *w);
-int td_vnni16_pack(const td_tensor *w, void *dst);
+int td_vnni16_pack(const td_tensor *w, void *dst, int ith, int nth);
 void td_avx512_matmul_vnni16(const td_matmul_args *a, int ith, int nth);  // w->packing == TD_PACK_VNNI16
 
 #endif

@@ -46,11 +46,14 @@ size_t td_vnni16_pack_bytes(const td_tensor *w) {
     return (size_t)((w->ne[0] + GROUP - 1) / GROUP) * (size_t)(w->ne[1] / TD_QK) * bb;
 }
 
-int td_vnni16_pack(const td_tensor *w, void *dst) {
+int td_vnni16_pack(const td_tensor *w, void *dst, int ith, int nth) {
     const int64_t n_out = w->ne[0], nb = w->ne[1] / TD_QK;
     const size_t bb = block_bytes(w->type), rb = td_row_bytes(w->type, w->ne[1]);
-    memset(dst, 0, td_vnni16_pack_bytes(w));
-    for (int64_t r = 0; r < n_out; r++) {
+    long g0, g1;  // this slice's groups of 16 rows
+    td_split((n_out + GROUP - 1) / GROUP, ith, nth, &g0, &g1);
+    memset((uint8_t *)dst + (size_t)g0 * (size_t)nb * bb, 0, (size_t)(g1 - g0) * (size_t)nb * bb);
+    const int64_t r1 = g1 * GROUP < n_out ? g1 * GROUP : n_out;
+    for (int64_t r = g0 * GROUP; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
         const int lane = (int)(r % GROUP);
         uint8_t *g = (uint8_t *)dst + (size_t)(r / GROUP) * (size_t)nb * bb;
