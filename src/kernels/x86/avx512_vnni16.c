@@ -1,12 +1,15 @@
-// Q8_0 / Q4_0 matmul over weights packed as TD_PACK_VNNI16 (kernels.h) for the avx512-int8 set:
-// 16 output rows per vector, the activation's 4 bytes broadcast, so one vpdpbusd does 64 MACs of
-// 16 rows at once and a block's scales cost one convert + one multiply + one FMA per 16 rows and
-// token (the unpacked path pays that per row and token). Not here: the unpacked path (avx512_int8.c).
+// Q8_0 / Q4_0 / BF16 matmul over weights packed as TD_PACK_VNNI16 (kernels.h) for the avx512-int8
+// set: 16 output rows per vector and the activation's 4 bytes (4 int8 or 2 bf16) broadcast, so one
+// vpdpbusd / vdpbf16ps does 64 / 32 multiply-adds of 16 rows at once with no horizontal sums, and
+// a Q8_0/Q4_0 block's scales cost one convert + one multiply + one FMA per 16 rows and token (the
+// unpacked path pays that per row and token). Not here: the unpacked path (avx512_int8.c).
 //
-// Arithmetic, per (row, token): for each 32-block in order, the exact int32 dot of the weight's
-// quants with the token's int8 activations (quantized as avx512_int8.c does: per block, dx =
-// max|x| / 127), then acc = fma(float(dot) * dw, dx, acc); y = acc (+ bias). The same sequence
-// for every tile shape and batch size, so outputs are batch-invariant.
+// Arithmetic, per (row, token): Q8_0/Q4_0: for each 32-block in order, the exact int32 dot of the
+// weight's quants with the token's int8 activations (quantized as avx512_int8.c does: per block,
+// dx = max|x| / 127), then acc = fma(float(dot) * dw, dx, acc). BF16: acc += w[2k] x[2k] +
+// w[2k+1] x[2k+1] (one vdpbf16ps lane) for each pair k in order, x rounded to bf16 as
+// avx512_int8.c rounds it. y = acc (+ bias). The same sequence for every tile shape and batch
+// size, so outputs are batch-invariant.
 #include "kernels/x86/x86.h"
 
 #ifdef TD_KERNELS_X86
@@ -24,7 +27,9 @@ enum {
     CHUNK = 128,                   // activation blocks quantized per token at a time (4096 elements)
     PR = 2, PT = 6,                // prefill tile: 2 groups x 6 tokens = 12 int32 + 12 f32 accumulators
     DR = 4,                        // decode: 4 groups (64 rows), one token
-    MAX_R = 4, MAX_T = 6,
+    MAX_R = 4, MAX_T = 8,
+    BF_PT = 8,                     // BF16 prefill tile: 2 groups x 8 tokens (2 x 12 spills: half the speed)
+    BF_CHUNK = 512,                // BF16 activation pairs converted per token at a time (1024 elements)
     L2_BLOCK = 896 * 1024,         // weight bytes every token tile passes over (as avx512_int8.c)
 };
 
@@ -41,14 +46,41 @@ typedef struct {
 static size_t block_bytes(td_dtype t) { return t == TD_Q8_0 ? Q8_BLOCK : t == TD_Q4_0 ? Q4_BLOCK : 0; }
 
 size_t td_vnni16_pack_bytes(const td_tensor *w) {
+    if (w->ndim != 2) return 0;
+    const size_t groups = (size_t)((w->ne[0] + GROUP - 1) / GROUP);
+    if (w->type == TD_BF16) return groups * (size_t)((w->ne[1] + 1) / 2) * 64;  // 16 rows x one bf16 pair
     const size_t bb = block_bytes(w->type);
-    if (!bb || w->ndim != 2 || w->ne[1] % TD_QK) return 0;
-    return (size_t)((w->ne[0] + GROUP - 1) / GROUP) * (size_t)(w->ne[1] / TD_QK) * bb;
+    if (!bb || w->ne[1] % TD_QK) return 0;
+    return groups * (size_t)(w->ne[1] / TD_QK) * bb;
+}
+
+// BF16: per group of 16 rows, for each pair k of elements (2k, 2k + 1; an odd row's last pair
+// padded with 0) the 16 rows' pairs, 64 bytes.
+static void pack_bf16(const td_tensor *w, uint32_t *dst, long g0, long g1) {
+    const int64_t n_out = w->ne[0], n_in = w->ne[1], np = (n_in + 1) / 2;
+    memset(dst + (size_t)g0 * (size_t)np * GROUP, 0, (size_t)(g1 - g0) * (size_t)np * 64);
+    const int64_t r1 = g1 * GROUP < n_out ? g1 * GROUP : n_out;
+    for (int64_t r = g0 * GROUP; r < r1; r++) {
+        const uint16_t *row = (const uint16_t *)w->data + (size_t)r * (size_t)n_in;
+        uint32_t *g = dst + (size_t)(r / GROUP) * (size_t)np * GROUP + r % GROUP;
+        for (int64_t k = 0; k < n_in / 2; k++) {
+            uint32_t v;
+            memcpy(&v, row + 2 * k, 4);
+            g[(size_t)k * GROUP] = v;
+        }
+        if (n_in % 2) g[(size_t)(np - 1) * GROUP] = row[n_in - 1];
+    }
 }
 
 int td_vnni16_pack(const td_tensor *w, void *dst, int ith, int nth) {
     const int64_t n_out = w->ne[0], nb = w->ne[1] / TD_QK;
     const size_t bb = block_bytes(w->type), rb = td_row_bytes(w->type, w->ne[1]);
+    if (w->type == TD_BF16) {
+        long g0, g1;
+        td_split((n_out + GROUP - 1) / GROUP, ith, nth, &g0, &g1);
+        pack_bf16(w, dst, g0, g1);
+        return TD_PACK_VNNI16;
+    }
     long g0, g1;  // this slice's groups of 16 rows
     td_split((n_out + GROUP - 1) / GROUP, ith, nth, &g0, &g1);
     memset((uint8_t *)dst + (size_t)g0 * (size_t)nb * bb, 0, (size_t)(g1 - g0) * (size_t)nb * bb);
@@ -216,7 +248,103 @@ TD_UNROLL
     }
 }
 
+// ---- BF16 ---------------------------------------------------------------------------------------
+
+// Rounds x[0, n) to bf16 pairs (round to nearest even, as avx512_int8.c), zero-padded to np pairs.
+static void bf16_pairs(const float *x, int64_t n, int64_t np, uint32_t *out) {
+    uint16_t *o = (uint16_t *)out;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(o + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+    for (; i < 2 * np; i += 16) {
+        const __mmask16 m = td_x86_mask16(n - i), keep = td_x86_mask16(2 * np - i);
+        _mm256_mask_storeu_epi16(o + i, keep, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+// acc[r][t] continues over pairs [0, np) of R groups (g[r]: their first pair) and T tokens.
+TD_X86_INL void bf16_tile(int R, int T, const uint32_t *const *g, const uint32_t *const *x, int64_t np, size_t pf,
+                          __m512 acc[MAX_R][MAX_T]) {
+    for (int64_t k = 0; k < np; k++) {
+        __m512bh wv[MAX_R];
+TD_UNROLL
+        for (int r = 0; r < R; r++) {
+            wv[r] = (__m512bh)_mm512_loadu_si512(g[r] + k * GROUP);
+            if (pf) td_x86_prefetch_nta((const char *)(g[r] + k * GROUP) + pf, 64);
+        }
+TD_UNROLL
+        for (int t = 0; t < T; t++) {
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)x[t][k]);
+TD_UNROLL
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wv[r], xv);
+        }
+    }
+}
+
+// As vnni16_matmul, for BF16: chunks of BF_CHUNK pairs.
+TD_X86_INL void bf16_matmul(int R, int T, const td_matmul_args *a, int ith, int nth) {
+    const td_tensor *w = a->w;
+    const int64_t n_out = w->ne[0], n_in = w->ne[1], np = (n_in + 1) / 2, n_groups = (n_out + GROUP - 1) / GROUP;
+    const size_t gb = (size_t)np * 64;  // bytes per group
+    const uint32_t *packed = w->packed;
+    long lo, hi;
+    td_split((long)n_groups, ith, nth, &lo, &hi);
+    long block = (long)((256 * 1024) / gb) / R * R;  // as the unpacked bf16 tiles: 256 KiB in L2
+    if (block < R) block = R;
+    if (a->n_tok <= T) block = hi - lo;
+    const size_t pf = a->n_tok == 1 ? (size_t)R * gb : 0;
+    uint32_t xbuf[MAX_T][BF_CHUNK] __attribute__((aligned(64)));
+    for (long b0 = lo; b0 < hi; b0 += block) {
+        const long b1 = hi - b0 < block ? hi : b0 + block;
+        for (int t0 = 0; t0 < a->n_tok; t0 += T) {
+            const int tv = a->n_tok - t0 < T ? a->n_tok - t0 : T;
+            for (int64_t c0 = 0; c0 < np; c0 += BF_CHUNK) {
+                const int64_t nc = np - c0 < BF_CHUNK ? np - c0 : BF_CHUNK;
+                const int last = c0 + nc == np;
+                const uint32_t *x[MAX_T];
+                for (int t = 0; t < T; t++) {
+                    if (t < tv) {
+                        const int64_t e0 = 2 * c0, ne = n_in - e0 < 2 * nc ? n_in - e0 : 2 * nc;
+                        bf16_pairs(a->x + (size_t)(t0 + t) * n_in + e0, ne, nc, xbuf[t]);
+                    }
+                    x[t] = xbuf[t < tv ? t : tv - 1];
+                }
+                for (long g0 = b0; g0 < b1; g0 += R) {
+                    const int rv = b1 - g0 < R ? (int)(b1 - g0) : R;
+                    const uint32_t *g[MAX_R];
+                    for (int r = 0; r < R; r++) g[r] = packed + (size_t)(g0 + (r < rv ? r : rv - 1)) * (gb / 4) + (size_t)c0 * GROUP;
+                    __m512 acc[MAX_R][MAX_T];
+TD_UNROLL
+                    for (int r = 0; r < R; r++)
+TD_UNROLL
+                        for (int t = 0; t < T; t++) {
+                            const __mmask16 m = td_x86_mask16(n_out - (g0 + r) * GROUP);
+                            acc[r][t] = c0 && r < rv && t < tv
+                                            ? _mm512_maskz_loadu_ps(m, a->y + (size_t)(t0 + t) * n_out + (g0 + r) * GROUP)
+                                            : _mm512_setzero_ps();
+                        }
+                    bf16_tile(R, T, g, x, nc, pf, acc);
+                    for (int r = 0; r < rv; r++) {
+                        const int64_t row = (g0 + r) * GROUP;
+                        const __mmask16 m = td_x86_mask16(n_out - row);
+                        const __m512 bias = last && a->bias ? _mm512_maskz_loadu_ps(m, a->bias + row) : _mm512_setzero_ps();
+                        for (int t = 0; t < tv; t++)
+                            _mm512_mask_storeu_ps(a->y + (size_t)(t0 + t) * n_out + row, m,
+                                                  last && a->bias ? _mm512_add_ps(acc[r][t], bias) : acc[r][t]);
+                    }
+                }
+            }
+        }
+    }
+}
+
 void td_avx512_matmul_vnni16(const td_matmul_args *a, int ith, int nth) {
+    if (a->w->type == TD_BF16) {
+        if (a->n_tok == 1)
+            bf16_matmul(DR, 1, a, ith, nth);
+        else
+            bf16_matmul(PR, BF_PT, a, ith, nth);
+        return;
+    }
     const int q4 = a->w->type == TD_Q4_0;
     if (a->n_tok == 1)
         q4 ? vnni16_matmul(1, DR, 1, a, ith, nth) : vnni16_matmul(0, DR, 1, a, ith, nth);
