@@ -1,5 +1,6 @@
-// tandem's BF16 prefill matmul (the avx512-int8 set's vdpbf16ps tiles, through the CPU backend) side
-// by side with oneDNN's bf16 matmul (Debian libdnnl; its brgemm kernels) on the same shapes: y[M, N]
+// tandem's BF16 prefill matmul (the avx512-int8 set's vdpbf16ps tiles, through the CPU backend: on
+// W as stored, and on W packed once as the forward packs it, TD_PACK_VNNI16) side by side with
+// oneDNN's bf16 matmul (Debian libdnnl; its brgemm kernels) on the same shapes: y[M, N]
 // = x[M, K] W[N, K]^T, W bf16, y f32. oneDNN runs twice: on W as it is stored (strides) and on W
 // reordered once into the blocked layout it prefers (format any; the reorder is not timed, as a
 // repack at load time would not be). Its activations are given as bf16 (the rounding is not timed);
@@ -116,14 +117,14 @@ int main(int argc, char **argv) {
     dnnl_stream_t st;
     DN(dnnl_engine_create(&eng, dnnl_cpu, 0));
     DN(dnnl_stream_create(&st, eng, dnnl_stream_default_flags));
-    printf("%-20s %5s %5s %5s %14s %14s %14s %10s\n", "shape", "M", "N", "K", "tandem GF/s", "dnnl GF/s",
-           "dnnl-blk GF/s", "max|dy|");
+    printf("%-20s %5s %5s %5s %14s %14s %14s %14s %10s\n", "shape", "M", "N", "K", "tandem GF/s", "packed GF/s",
+           "dnnl GF/s", "dnnl-blk GF/s", "max|dy|");
     for (size_t s = 0; s < sizeof SHAPES / sizeof SHAPES[0]; s++) {
         const shape *sh = &SHAPES[s];
         const size_t nx = (size_t)sh->M * sh->K, nw = (size_t)sh->N * sh->K, ny = (size_t)sh->M * sh->N;
-        float *x = malloc(nx * 4), *y0 = malloc(ny * 4), *y1 = malloc(ny * 4), *y2 = malloc(ny * 4);
+        float *x = malloc(nx * 4), *y0 = malloc(ny * 4), *y1 = malloc(ny * 4), *y2 = malloc(ny * 4), *y3 = malloc(ny * 4);
         uint16_t *w = malloc(nw * 2), *xb = malloc(nx * 2);
-        if (!x || !y0 || !y1 || !y2 || !w || !xb) return fprintf(stderr, "out of memory\n"), 1;
+        if (!x || !y0 || !y1 || !y2 || !y3 || !w || !xb) return fprintf(stderr, "out of memory\n"), 1;
         uint64_t r = 0x2545F4914F6CDD1DULL + s;
         for (size_t i = 0; i < nx; i++) {
             r ^= r << 13, r ^= r >> 7, r ^= r << 17;
@@ -135,23 +136,31 @@ int main(int argc, char **argv) {
             w[i] = td_f32_to_bf16((float)((double)(r >> 11) / 9007199254740992.0 - 0.5) * 0.1f);
         }
         td_tensor wt = {.type = TD_BF16, .ndim = 2, .ne = {sh->N, sh->K}, .data = w, .nbytes = nw * 2};
+        const size_t pb = td_backend_pack_bytes(be, &wt);
+        void *pk = pb ? aligned_alloc(64, (pb + 63) & ~(size_t)63) : NULL;
+        if (!pk) return fprintf(stderr, "no packed layout or out of memory\n"), 1;
+        const td_tensor wp = td_backend_pack(be, &wt, pk);
         dn_mm plain, blk;
         dn_create(&plain, eng, st, sh->M, sh->N, sh->K, xb, w, y1, 0);
         dn_create(&blk, eng, st, sh->M, sh->N, sh->K, xb, w, y2, 1);
-        double bt = 1e30, bp_ = 1e30, bb = 1e30;
+        double bt = 1e30, bk = 1e30, bp_ = 1e30, bb = 1e30;
         for (int i = 0; i <= reps; i++) {  // the first pass warms up
             double t0 = td_now();
             td_backend_matmul(be, &wt, NULL, x, y0, sh->M);
-            double t = td_now() - t0, tp = dn_run(&plain, st), tb = dn_run(&blk, st);
-            if (i) bt = fmin(bt, t), bp_ = fmin(bp_, tp), bb = fmin(bb, tb);
+            double t = td_now() - t0;
+            t0 = td_now();
+            td_backend_matmul(be, &wp, NULL, x, y3, sh->M);
+            double tk = td_now() - t0, tp = dn_run(&plain, st), tb = dn_run(&blk, st);
+            if (i) bt = fmin(bt, t), bk = fmin(bk, tk), bp_ = fmin(bp_, tp), bb = fmin(bb, tb);
         }
         double md = 0;
-        for (size_t i = 0; i < ny; i++) md = fmax(md, fmax(fabs(y0[i] - y1[i]), fabs(y0[i] - y2[i])));
+        for (size_t i = 0; i < ny; i++)
+            md = fmax(md, fmax(fmax(fabs(y0[i] - y1[i]), fabs(y0[i] - y2[i])), fabs(y3[i] - y1[i])));
         const double fl = 2.0 * sh->M * sh->N * sh->K / 1e9;
-        printf("%-20s %5d %5d %5d %14.1f %14.1f %14.1f %10.2e\n", sh->name, sh->M, sh->N, sh->K, fl / bt, fl / bp_,
-               fl / bb, md);
+        printf("%-20s %5d %5d %5d %14.1f %14.1f %14.1f %14.1f %10.2e\n", sh->name, sh->M, sh->N, sh->K, fl / bt,
+               fl / bk, fl / bp_, fl / bb, md);
         dn_free(&plain), dn_free(&blk);
-        free(x), free(y0), free(y1), free(y2), free(w), free(xb);
+        free(x), free(y0), free(y1), free(y2), free(y3), free(w), free(xb), free(pk);
     }
     dnnl_stream_destroy(st);
     dnnl_engine_destroy(eng);
