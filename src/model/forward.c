@@ -219,6 +219,18 @@ static td_status load_vecs(td_forward *f, td_err *err) {
     return TD_OK;
 }
 
+// MemAvailable from /proc/meminfo in bytes (free memory plus what the OS can reclaim), 0 if unknown.
+static uint64_t mem_available_bytes(void) {
+    FILE *fp = fopen("/proc/meminfo", "r");
+    if (!fp) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, fp))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(fp);
+    return (uint64_t)kb * 1024;
+}
+
 // f->mw: every matmul weight as the backend's kernels read it best. Where the kernels have a packed
 // layout for a weight (kernels.h, TD_PACK_*), a copy in that layout goes into one buffer that the
 // forward owns (about the size of those weights again; the model's mapped pages stay untouched
@@ -239,6 +251,14 @@ static td_status pack_weights(td_forward *f, td_err *err) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += (td_backend_pack_bytes(f->be, &f->mw[i]) + 63) & ~(size_t)63;
     if (!total) return TD_OK;
+    // The copies are anonymous memory; the model's mapped pages they replace stay in the page cache,
+    // which the OS reclaims under pressure. Pack only what fits in what the OS says is available.
+    const uint64_t avail = mem_available_bytes();
+    if (avail && total > avail / 10 * 9) {
+        TD_LOGW("forward: not packing weights: %zu MiB would not fit in the %llu MiB available (running unpacked)",
+                total >> 20, (unsigned long long)(avail >> 20));
+        return TD_OK;
+    }
     f->packed = aligned_alloc(64, total);
     if (!f->packed)
         return td_err_set(err, TD_ERR_NOMEM, "forward: out of memory packing weights (%zu MiB; TANDEM_PACK=0 skips it)",
