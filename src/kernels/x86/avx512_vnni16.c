@@ -31,6 +31,7 @@ enum {
     BF_PT = 8,                     // BF16 prefill tile: 2 groups x 8 tokens (2 x 12 spills: half the speed)
     BF_CHUNK = 512,                // BF16 activation pairs converted per token at a time (1024 elements)
     L2_BLOCK = 896 * 1024,         // weight bytes every token tile passes over (as avx512_int8.c)
+    BF_L2_BLOCK = 256 * 1024,      // ... for BF16 (as the unpacked bf16 tiles: in L2)
 };
 
 // One token's activation block: int8 quants, scale, and the correction for the weights' unsigned
@@ -192,62 +193,6 @@ TD_UNROLL
     }
 }
 
-// y = x W^T (+ bias) for this slice of row groups: L2 blocks of groups x token tiles x activation
-// chunks x group tiles. Between chunks the accumulators rest in y (exact), so chunking never
-// changes a sum.
-TD_X86_INL void vnni16_matmul(int q4, int R, int T, const td_matmul_args *a, int ith, int nth) {
-    const td_tensor *w = a->w;
-    const int64_t n_out = w->ne[0], n_in = w->ne[1], nb = n_in / TD_QK, n_groups = (n_out + GROUP - 1) / GROUP;
-    const size_t bb = q4 ? Q4_BLOCK : Q8_BLOCK, gb = (size_t)nb * bb;  // bytes per block / group
-    const uint8_t *packed = w->packed;
-    long lo, hi;
-    td_split((long)n_groups, ith, nth, &lo, &hi);
-    long block = (long)(L2_BLOCK / gb) / R * R;
-    if (block < R) block = R;
-    if (a->n_tok <= T) block = hi - lo;
-    const size_t pf = a->n_tok == 1 ? (size_t)R * gb : 0;  // decode streams: prefetch the next tile's groups
-    xblock xbuf[MAX_T][CHUNK];
-    for (long b0 = lo; b0 < hi; b0 += block) {
-        const long b1 = hi - b0 < block ? hi : b0 + block;
-        for (int t0 = 0; t0 < a->n_tok; t0 += T) {
-            const int tv = a->n_tok - t0 < T ? a->n_tok - t0 : T;
-            for (int64_t c0 = 0; c0 < nb; c0 += CHUNK) {
-                const int64_t nc = nb - c0 < CHUNK ? nb - c0 : CHUNK;
-                const int last = c0 + nc == nb;
-                const xblock *x[MAX_T];
-                for (int t = 0; t < T; t++) {
-                    if (t < tv) quantize_blocks(a->x + (size_t)(t0 + t) * n_in + c0 * TD_QK, nc, q4 ? 8 : 128, xbuf[t]);
-                    x[t] = xbuf[t < tv ? t : tv - 1];
-                }
-                for (long g0 = b0; g0 < b1; g0 += R) {
-                    const int rv = b1 - g0 < R ? (int)(b1 - g0) : R;
-                    const uint8_t *g[MAX_R];
-                    for (int r = 0; r < R; r++) g[r] = packed + (size_t)(g0 + (r < rv ? r : rv - 1)) * gb + (size_t)c0 * bb;
-                    __m512 acc[MAX_R][MAX_T];
-TD_UNROLL
-                    for (int r = 0; r < R; r++)
-TD_UNROLL
-                        for (int t = 0; t < T; t++) {
-                            const __mmask16 m = td_x86_mask16(n_out - (g0 + r) * GROUP);
-                            acc[r][t] = c0 && r < rv && t < tv
-                                            ? _mm512_maskz_loadu_ps(m, a->y + (size_t)(t0 + t) * n_out + (g0 + r) * GROUP)
-                                            : _mm512_setzero_ps();
-                        }
-                    tile(q4, R, T, g, x, nc, pf, acc);
-                    for (int r = 0; r < rv; r++) {
-                        const int64_t row = (g0 + r) * GROUP;
-                        const __mmask16 m = td_x86_mask16(n_out - row);
-                        const __m512 bias = last && a->bias ? _mm512_maskz_loadu_ps(m, a->bias + row) : _mm512_setzero_ps();
-                        for (int t = 0; t < tv; t++)
-                            _mm512_mask_storeu_ps(a->y + (size_t)(t0 + t) * n_out + row, m,
-                                                  last && a->bias ? _mm512_add_ps(acc[r][t], bias) : acc[r][t]);
-                    }
-                }
-            }
-        }
-    }
-}
-
 // ---- BF16 ---------------------------------------------------------------------------------------
 
 // Rounds x[0, n) to bf16 pairs (round to nearest even, as avx512_int8.c), zero-padded to np pairs.
@@ -280,38 +225,53 @@ TD_UNROLL
     }
 }
 
-// As vnni16_matmul, for BF16: chunks of BF_CHUNK pairs.
-TD_X86_INL void bf16_matmul(int R, int T, const td_matmul_args *a, int ith, int nth) {
+// y = x W^T (+ bias) for this slice of row groups, one driver for the three kinds (KIND_*: a
+// compile-time constant in every caller): L2 blocks of groups x token tiles x activation chunks x
+// group tiles. A unit is a 32-block (Q8_0/Q4_0) or an element pair (BF16). Between chunks the
+// accumulators rest in y (exact), so chunking never changes a sum.
+enum { KIND_Q8, KIND_Q4, KIND_BF16 };
+
+TD_X86_INL void packed_matmul(int kind, int R, int T, const td_matmul_args *a, int ith, int nth) {
+    const int bf = kind == KIND_BF16;
     const td_tensor *w = a->w;
-    const int64_t n_out = w->ne[0], n_in = w->ne[1], np = (n_in + 1) / 2, n_groups = (n_out + GROUP - 1) / GROUP;
-    const size_t gb = (size_t)np * 64;  // bytes per group
-    const uint32_t *packed = w->packed;
+    const int64_t n_out = w->ne[0], n_in = w->ne[1], n_groups = (n_out + GROUP - 1) / GROUP;
+    const int64_t nu = bf ? (n_in + 1) / 2 : n_in / TD_QK, chunk = bf ? BF_CHUNK : CHUNK;  // units per row / chunk
+    const size_t ub = bf ? 64 : kind == KIND_Q4 ? Q4_BLOCK : Q8_BLOCK, gb = (size_t)nu * ub;  // bytes per unit / group
+    const uint8_t *packed = w->packed;
     long lo, hi;
     td_split((long)n_groups, ith, nth, &lo, &hi);
-    long block = (long)((256 * 1024) / gb) / R * R;  // as the unpacked bf16 tiles: 256 KiB in L2
+    long block = (long)((bf ? BF_L2_BLOCK : L2_BLOCK) / gb) / R * R;
     if (block < R) block = R;
     if (a->n_tok <= T) block = hi - lo;
-    const size_t pf = a->n_tok == 1 ? (size_t)R * gb : 0;
-    uint32_t xbuf[MAX_T][BF_CHUNK] __attribute__((aligned(64)));
+    const size_t pf = a->n_tok == 1 ? (size_t)R * gb : 0;  // decode streams: prefetch the next tile's groups
+    union {
+        xblock q[MAX_T][CHUNK];
+        uint32_t b[MAX_T][BF_CHUNK];
+    } xbuf __attribute__((aligned(64)));
     for (long b0 = lo; b0 < hi; b0 += block) {
         const long b1 = hi - b0 < block ? hi : b0 + block;
         for (int t0 = 0; t0 < a->n_tok; t0 += T) {
             const int tv = a->n_tok - t0 < T ? a->n_tok - t0 : T;
-            for (int64_t c0 = 0; c0 < np; c0 += BF_CHUNK) {
-                const int64_t nc = np - c0 < BF_CHUNK ? np - c0 : BF_CHUNK;
-                const int last = c0 + nc == np;
-                const uint32_t *x[MAX_T];
+            for (int64_t c0 = 0; c0 < nu; c0 += chunk) {
+                const int64_t nc = nu - c0 < chunk ? nu - c0 : chunk;
+                const int last = c0 + nc == nu;
+                const void *x[MAX_T];
                 for (int t = 0; t < T; t++) {
-                    if (t < tv) {
+                    const int tt = t < tv ? t : tv - 1;
+                    const float *xt = a->x + (size_t)(t0 + t) * n_in;
+                    if (bf) {
                         const int64_t e0 = 2 * c0, ne = n_in - e0 < 2 * nc ? n_in - e0 : 2 * nc;
-                        bf16_pairs(a->x + (size_t)(t0 + t) * n_in + e0, ne, nc, xbuf[t]);
+                        if (t < tv) bf16_pairs(xt + e0, ne, nc, xbuf.b[t]);
+                        x[t] = xbuf.b[tt];
+                    } else {
+                        if (t < tv) quantize_blocks(xt + c0 * TD_QK, nc, kind == KIND_Q4 ? 8 : 128, xbuf.q[t]);
+                        x[t] = xbuf.q[tt];
                     }
-                    x[t] = xbuf[t < tv ? t : tv - 1];
                 }
                 for (long g0 = b0; g0 < b1; g0 += R) {
                     const int rv = b1 - g0 < R ? (int)(b1 - g0) : R;
-                    const uint32_t *g[MAX_R];
-                    for (int r = 0; r < R; r++) g[r] = packed + (size_t)(g0 + (r < rv ? r : rv - 1)) * (gb / 4) + (size_t)c0 * GROUP;
+                    const uint8_t *g[MAX_R];
+                    for (int r = 0; r < R; r++) g[r] = packed + (size_t)(g0 + (r < rv ? r : rv - 1)) * gb + (size_t)c0 * ub;
                     __m512 acc[MAX_R][MAX_T];
 TD_UNROLL
                     for (int r = 0; r < R; r++)
@@ -322,7 +282,10 @@ TD_UNROLL
                                             ? _mm512_maskz_loadu_ps(m, a->y + (size_t)(t0 + t) * n_out + (g0 + r) * GROUP)
                                             : _mm512_setzero_ps();
                         }
-                    bf16_tile(R, T, g, x, nc, pf, acc);
+                    if (bf)
+                        bf16_tile(R, T, (const uint32_t *const *)g, (const uint32_t *const *)x, nc, pf, acc);
+                    else
+                        tile(kind == KIND_Q4, R, T, g, (const xblock *const *)x, nc, pf, acc);
                     for (int r = 0; r < rv; r++) {
                         const int64_t row = (g0 + r) * GROUP;
                         const __mmask16 m = td_x86_mask16(n_out - row);
@@ -338,18 +301,12 @@ TD_UNROLL
 }
 
 void td_avx512_matmul_vnni16(const td_matmul_args *a, int ith, int nth) {
-    if (a->w->type == TD_BF16) {
-        if (a->n_tok == 1)
-            bf16_matmul(DR, 1, a, ith, nth);
-        else
-            bf16_matmul(PR, BF_PT, a, ith, nth);
-        return;
+    const int one = a->n_tok == 1;
+    switch (a->w->type) {
+    case TD_BF16: one ? packed_matmul(KIND_BF16, DR, 1, a, ith, nth) : packed_matmul(KIND_BF16, PR, BF_PT, a, ith, nth); break;
+    case TD_Q4_0: one ? packed_matmul(KIND_Q4, DR, 1, a, ith, nth) : packed_matmul(KIND_Q4, PR, PT, a, ith, nth); break;
+    default: one ? packed_matmul(KIND_Q8, DR, 1, a, ith, nth) : packed_matmul(KIND_Q8, PR, PT, a, ith, nth); break;
     }
-    const int q4 = a->w->type == TD_Q4_0;
-    if (a->n_tok == 1)
-        q4 ? vnni16_matmul(1, DR, 1, a, ith, nth) : vnni16_matmul(0, DR, 1, a, ith, nth);
-    else
-        q4 ? vnni16_matmul(1, PR, PT, a, ith, nth) : vnni16_matmul(0, PR, PT, a, ith, nth);
 }
 
 TD_X86_TARGET_END
