@@ -365,6 +365,7 @@ int main(void) {
             test_prompt_attention(k, 4, 2, 64, kv_types[d], 141);
             test_prompt_attention(k, 2, 1, 128, kv_types[d], 77);
         }
+        test_prompt_attention(k, 14, 2, 64, TD_F16, 37);  // Qwen2.5-0.5B's groups of 7 (split in chunks alone)
     }
     // auto picks the int8-activation set where the CPU runs it (docs/kernels.md), else the best exact one
     const td_kernels *best = td_kernels_get("auto");

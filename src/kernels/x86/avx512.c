@@ -260,82 +260,108 @@ static inline __attribute__((always_inline)) void attend_values(const void *cons
     for (int v = 0; v < NV; v++) st->o[v] = _mm512_add_ps(o[v], o2[v]);
 }
 
-enum { ATTN_RUN = 8 };  // queries of one sequence that share each key tile while it is in L1
+enum {
+    ATTN_RUN = 8,    // queries of one sequence that share each key tile while it is in L1
+    ATTN_HEADS = 8,  // query heads of one KV head that share it too (grouped-query attention)
+};
 
-// A run of nq <= ATTN_RUN tokens t0.. of one sequence at consecutive positions, one head, head_dim
-// 16 NV. Each key tile is read from memory once for the whole run (a prompt's K/V per layer is
-// megabytes: one query at a time streamed it from L3 per query); every query's own arithmetic is
-// exactly the single-query loop's, so outputs do not depend on how tokens are grouped.
-static inline __attribute__((always_inline)) void attend_run(const td_attention_args *a, int t0, int nq, int h,
-                                                             const int NV, const td_dtype DT) {
-    const int hd = 16 * NV, group = a->n_heads / a->n_kv_heads, seq = a->seq_id[t0];
-    const size_t koff = (size_t)(h / group) * hd;
-    attn_state st[ATTN_RUN];
-    for (int i = 0; i < nq; i++) {
-        TD_UNROLL
-        for (int v = 0; v < NV; v++) st[i].o[v] = _mm512_setzero_ps();
-        st[i].m = -INFINITY, st[i].l = 0.0f;
-    }
+// A run of nq <= ATTN_RUN tokens t0.. of one sequence at consecutive positions, for query heads
+// [h0, h1) of one KV head (h1 - h0 <= ATTN_HEADS), head_dim 16 NV. Each key tile is read from the
+// cache once for all of them (a prompt's K/V per layer is megabytes: one query at a time streamed
+// it from L3 per query); every query's own arithmetic is exactly the single-query loop's, so
+// outputs do not depend on how tokens or heads are grouped.
+static inline __attribute__((always_inline)) void attend_run(const td_attention_args *a, int t0, int nq, int h0,
+                                                             int h1, const int NV, const td_dtype DT) {
+    const int hd = 16 * NV, group = a->n_heads / a->n_kv_heads, seq = a->seq_id[t0], nh = h1 - h0;
+    const size_t koff = (size_t)(h0 / group) * hd;
+    attn_state st[ATTN_HEADS][ATTN_RUN];
+    for (int k = 0; k < nh; k++)
+        for (int i = 0; i < nq; i++) {
+            TD_UNROLL
+            for (int v = 0; v < NV; v++) st[k][i].o[v] = _mm512_setzero_ps();
+            st[k][i].m = -INFINITY, st[k][i].l = 0.0f;
+        }
     const int max_keys = a->pos[t0 + nq - 1] + 1;
     const void *kr[ATTN_TILE], *vr[ATTN_TILE];
-    // A run of several queries reads the tile's rows of this head from a contiguous copy: in the
-    // cache they are kv_dim apart (with 2 KV heads x 64 f32, 512 bytes), so a tile's 64 keys and 64
-    // values fall into few L1 sets and evict each other between queries (prefill attention +60 %
-    // with the copy). The same values, so the same bits; decode (one query) reads in place.
+    // With more than one (query, head), the tile's rows of this KV head are read from a contiguous
+    // copy: in the cache they are kv_dim apart (with 2 KV heads x 64 f32, 512 bytes), so a tile's
+    // 64 keys and 64 values fall into few L1 sets and evict each other between queries (prefill
+    // attention +60 % with the copy); one copy serves every query head of the group. The same
+    // values, so the same bits; a lone query reads in place.
     const size_t eb = DT == TD_F32 ? 4 : 2, hb = (size_t)hd * eb;
+    const int copy = nq * nh > 1;
     unsigned char kbuf[ATTN_TILE * 16 * 8 * 4] __attribute__((aligned(64)));
     unsigned char vbuf[ATTN_TILE * 16 * 8 * 4] __attribute__((aligned(64)));
-    const size_t off = nq > 1 ? 0 : koff;
-    float sbuf[ATTN_RUN][ATTN_TILE] __attribute__((aligned(64)));  // a tile's exps per query
+    const size_t off = copy ? 0 : koff;
+    float sbuf[ATTN_HEADS][ATTN_RUN][ATTN_TILE] __attribute__((aligned(64)));  // a tile's exps per query
     // A tile's keys and values together in half of L1 (hd 64 f32, hd 128 16-bit): each query takes
-    // its scores and values in one go; else (hd 128 f32: 64 KiB) all the run's scores first, so
-    // the keys, then the values, stay in L1 (+37 %; the other way round costs hd 64 f32 13 %).
+    // its scores and values in one go; else (hd 128 f32: 64 KiB) all the scores first, so the
+    // keys, then the values, stay in L1 (+37 %; the other way round costs hd 64 f32 13 %).
     const int fits_l1 = 2 * ATTN_TILE * hb <= 32 * 1024;
     for (int j0 = 0; j0 < max_keys; j0 += ATTN_TILE) {
         const int nj = max_keys - j0 < ATTN_TILE ? max_keys - j0 : ATTN_TILE;
         kv_rows(a->kv, seq, j0, nj, kr, vr);
-        if (nq > 1)
+        if (copy)
             for (int j = 0; j < nj; j++) {
                 memcpy(kbuf + j * hb, (const unsigned char *)kr[j] + koff * eb, hb);
                 memcpy(vbuf + j * hb, (const unsigned char *)vr[j] + koff * eb, hb);
                 kr[j] = kbuf + j * hb, vr[j] = vbuf + j * hb;
             }
+        for (int k = 0; k < nh; k++)
+            for (int i = 0; i < nq; i++) {
+                const int n_keys = a->pos[t0 + i] + 1;
+                if (j0 >= n_keys) continue;
+                const float *qp = a->q + ((size_t)(t0 + i) * a->n_heads + h0 + k) * hd;
+                __m512 q[8];
+                TD_UNROLL
+                for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qp + 16 * v);
+                const int nj_i = n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE;
+                attend_scores(a, q, kr, off, nj_i, &st[k][i], sbuf[k][i], NV, DT);
+                if (fits_l1) attend_values(vr, off, nj_i, sbuf[k][i], &st[k][i], NV, DT);
+            }
+        for (int k = 0; k < nh && !fits_l1; k++)  // every query's scores, then every query's values
+            for (int i = 0; i < nq; i++) {
+                const int n_keys = a->pos[t0 + i] + 1;
+                if (j0 < n_keys)
+                    attend_values(vr, off, n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE, sbuf[k][i], &st[k][i], NV, DT);
+            }
+    }
+    for (int k = 0; k < nh; k++)
         for (int i = 0; i < nq; i++) {
-            const int n_keys = a->pos[t0 + i] + 1;
-            if (j0 >= n_keys) continue;
-            const float *qp = a->q + ((size_t)(t0 + i) * a->n_heads + h) * hd;
-            __m512 q[8];
+            float *out = a->out + ((size_t)(t0 + i) * a->n_heads + h0 + k) * hd;
+            const __m512 il = _mm512_set1_ps(1.0f / st[k][i].l);
             TD_UNROLL
-            for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qp + 16 * v);
-            const int nj_i = n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE;
-            attend_scores(a, q, kr, off, nj_i, &st[i], sbuf[i], NV, DT);
-            if (fits_l1) attend_values(vr, off, nj_i, sbuf[i], &st[i], NV, DT);
+            for (int v = 0; v < NV; v++) _mm512_storeu_ps(out + 16 * v, _mm512_mul_ps(st[k][i].o[v], il));
         }
-        for (int i = 0; i < nq && !fits_l1; i++) {  // every query's scores, then every query's values
-            const int n_keys = a->pos[t0 + i] + 1;
-            if (j0 < n_keys) attend_values(vr, off, n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE, sbuf[i], &st[i], NV, DT);
-        }
-    }
-    for (int i = 0; i < nq; i++) {
-        float *out = a->out + ((size_t)(t0 + i) * a->n_heads + h) * hd;
-        const __m512 il = _mm512_set1_ps(1.0f / st[i].l);
-        TD_UNROLL
-        for (int v = 0; v < NV; v++) _mm512_storeu_ps(out + 16 * v, _mm512_mul_ps(st[i].o[v], il));
-    }
 }
 
-// head_dim 16 NV: work items (run, head) dealt round-robin (a causal prompt's later tokens see more
-// keys, so contiguous halves would leave the first thread idle for most of a prefill).
+// Length of the run of tokens starting at t0 (same sequence, consecutive positions, <= ATTN_RUN).
+static inline int run_len(const td_attention_args *a, int t0) {
+    int nq = 1;
+    while (nq < ATTN_RUN && t0 + nq < a->n_tok && a->seq_id[t0 + nq] == a->seq_id[t0] && a->pos[t0 + nq] == a->pos[t0] + nq)
+        nq++;
+    return nq;
+}
+
+// head_dim 16 NV: work items (run, KV head, chunk of its query heads) dealt round-robin (a causal
+// prompt's later tokens see more keys, so contiguous halves would leave the first thread idle
+// for most of a prefill). A KV head's query heads go in as few chunks as ATTN_HEADS allows, but
+// in more when there would be fewer than 2 items per thread (decode of one sequence).
 static inline __attribute__((always_inline)) void attend_runs(const td_attention_args *a, int ith, int nth,
                                                               const int NV, const td_dtype DT) {
+    const int group = a->n_heads / a->n_kv_heads;
+    int n_runs = 0;
+    for (int t0 = 0; t0 < a->n_tok; t0 += run_len(a, t0)) n_runs++;
+    int chunks = (group + ATTN_HEADS - 1) / ATTN_HEADS;
+    while (chunks < group && (long)n_runs * a->n_kv_heads * chunks < 2L * nth) chunks++;
     long w = 0;
     for (int t0 = 0, nq; t0 < a->n_tok; t0 += nq) {
-        for (nq = 1; nq < ATTN_RUN && t0 + nq < a->n_tok && a->seq_id[t0 + nq] == a->seq_id[t0] &&
-                     a->pos[t0 + nq] == a->pos[t0] + nq;
-             nq++) {
-        }
-        for (int h = 0; h < a->n_heads; h++, w++)
-            if (w % nth == ith) attend_run(a, t0, nq, h, NV, DT);
+        nq = run_len(a, t0);
+        for (int kvh = 0; kvh < a->n_kv_heads; kvh++)
+            for (int c = 0; c < chunks; c++, w++) {
+                const int h0 = kvh * group + (int)((long)group * c / chunks), h1 = kvh * group + (int)((long)group * (c + 1) / chunks);
+                if (w % nth == ith && h1 > h0) attend_run(a, t0, nq, h0, h1, NV, DT);
+            }
     }
 }
 
