@@ -17,14 +17,14 @@
 
 static void convert_usage(FILE *f) {
     fprintf(f,
-            "usage: tandem convert MODEL -o OUT.gguf [--type f16|bf16|q8_0|q4_0|q4_k|q6_k|q4_k_m|f32] [options]\n"
+            "usage: tandem convert MODEL -o OUT.gguf [--type f16|bf16|q8_0|q4_0|q5_0|q4_k|q6_k|q4_k_m|f32] [options]\n"
             "       tandem convert MODEL --to hf -o DIR [--type f32|f16|bf16] [options]\n"
             "  MODEL                 model directory (config.json + safetensors) or .gguf file\n"
             "  -o, --out PATH        output GGUF file, or directory with --to hf\n"
             "  --to gguf|hf          output format (default gguf)\n"
-            "  --type T              tensor type: GGUF f32, f16 (default), bf16, q8_0, q4_0, q4_k, q6_k,\n"
-            "                        q4_k_m (matrices;\n"
-            "                        norms and biases stay f32); hf f32 (default), f16, bf16\n"
+            "  --type T              tensor type: GGUF f32, f16 (default), bf16, q8_0, q4_0, q5_0, q4_k,\n"
+            "                        q6_k, q4_k_m (matrices; norms and biases stay f32); hf f32\n"
+            "                        (default), f16, bf16\n"
             "  --tokenizer PATH      tokenizer directory or tokenizer.json (default: MODEL's own, when\n"
             "                        MODEL is a directory)\n"
             "  --name NAME           GGUF general.name (default: the model directory's name)\n"
@@ -100,7 +100,7 @@ int td_cmd_convert(int argc, char **argv) {
     td_export_params p = td_export_default_params();
     int t = type_s ? td_export_parse_type(type_s) : (hf ? TD_F32 : TD_F16);
     if (t < 0) {
-        fprintf(stderr, "tandem convert: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_k_m)\n", type_s);
+        fprintf(stderr, "tandem convert: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q6_k, q4_k_m)\n", type_s);
         return 2;
     }
     if (hf && t != TD_F32 && t != TD_F16 && t != TD_BF16) {
@@ -179,7 +179,7 @@ int td_cmd_quantize(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: tandem quantize IN.gguf OUT.gguf TYPE\n"
-                   "  TYPE: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_k_m (llama.cpp's mix). Every tensor is dequantized to f32 and re-encoded:\n"
+                   "  TYPE: f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q6_k, q4_k_m (llama.cpp's mix). Every tensor is dequantized to f32 and re-encoded:\n"
                    "  matrices in TYPE, vectors (norms, biases, rope_freqs) in f32. Metadata is copied.\n");
             return 0;
         }
@@ -200,7 +200,7 @@ int td_cmd_quantize(int argc, char **argv) {
     }
     int t = td_export_parse_type(pos[2]);
     if (t < 0) {
-        fprintf(stderr, "tandem quantize: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_k, q6_k, q4_k_m)\n", pos[2]);
+        fprintf(stderr, "tandem quantize: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q6_k, q4_k_m)\n", pos[2]);
         return 2;
     }
     if (!strcmp(pos[0], pos[1])) {

@@ -36,6 +36,7 @@ uint32_t td_export_file_type(td_dtype t) {
     case TD_BF16: return 32; // MOSTLY_BF16
     case TD_Q4_K: return 14; // MOSTLY_Q4_K_S (llama.cpp has no all-Q4_K type; the closest)
     case TD_Q6_K: return 18; // MOSTLY_Q6_K
+    case TD_Q5_0: return 8;  // MOSTLY_Q5_0
     default: return (int)t == TD_EXPORT_Q4_K_M ? 15 : 0;  // MOSTLY_Q4_K_M
     }
 }
@@ -48,6 +49,7 @@ uint32_t td_export_ggml_type(td_dtype t) {
     case TD_Q4_0: return TD_GGML_Q4_0;
     case TD_Q4_K: return TD_GGML_Q4_K;
     case TD_Q6_K: return TD_GGML_Q6_K;
+    case TD_Q5_0: return TD_GGML_Q5_0;
     default: return TD_GGML_F32;
     }
 }
@@ -55,7 +57,7 @@ uint32_t td_export_ggml_type(td_dtype t) {
 int td_export_parse_type(const char *s) {
     static const struct { const char *n; td_dtype t; } T[] = {
         {"f32", TD_F32}, {"f16", TD_F16}, {"bf16", TD_BF16}, {"q8_0", TD_Q8_0}, {"q4_0", TD_Q4_0},
-        {"q4_k", TD_Q4_K}, {"q6_k", TD_Q6_K}, {"q4_k_m", (td_dtype)TD_EXPORT_Q4_K_M}};
+        {"q5_0", TD_Q5_0}, {"q4_k", TD_Q4_K}, {"q6_k", TD_Q6_K}, {"q4_k_m", (td_dtype)TD_EXPORT_Q4_K_M}};
     for (size_t i = 0; s && i < sizeof T / sizeof T[0]; i++)
         if (!strcasecmp(s, T[i].n)) return (int)T[i].t;
     return -1;
@@ -884,14 +886,13 @@ static void llama3_rope_factors(const td_model_config *c, float *out) {
 
 // The type a tensor is stored in: 2-D in the chosen type (F16 when a quantized type's block does
 // not divide the rows, as llama.cpp's converter falls back), 1-D always F32. k-quants need rows of
-// a multiple of 256: otherwise Q4_K falls back to Q4_0 (same size class; llama.cpp takes Q5_0,
-// which tandem does not implement) and Q6_K to Q8_0 (as llama.cpp), each again to F16 if 32 does
-// not divide the rows either.
+// a multiple of 256: otherwise Q4_K falls back to Q5_0 and Q6_K to Q8_0 (as llama.cpp's quantize),
+// each again to F16 if 32 does not divide the rows either.
 static td_dtype tensor_type(td_dtype want, int ndim, int64_t cols) {
     if (ndim != 2) return TD_F32;
-    if (want == TD_Q4_K && cols % TD_QK_K) want = TD_Q4_0;
+    if (want == TD_Q4_K && cols % TD_QK_K) want = TD_Q5_0;
     if (want == TD_Q6_K && cols % TD_QK_K) want = TD_Q8_0;
-    if ((want == TD_Q8_0 || want == TD_Q4_0) && cols % TD_QK) return TD_F16;
+    if ((want == TD_Q8_0 || want == TD_Q4_0 || want == TD_Q5_0) && cols % TD_QK) return TD_F16;
     return want;
 }
 
@@ -921,7 +922,7 @@ static td_dtype pick_type(int want, const char *name, int ndim, int64_t cols, in
 
 // 1 for the types whose files carry general.quantization_version.
 static int is_quantized_type(int t) {
-    return t == TD_Q8_0 || t == TD_Q4_0 || t == TD_Q4_K || t == TD_Q6_K || t == TD_EXPORT_Q4_K_M;
+    return t == TD_Q8_0 || t == TD_Q4_0 || t == TD_Q5_0 || t == TD_Q4_K || t == TD_Q6_K || t == TD_EXPORT_Q4_K_M;
 }
 
 static td_status gguf_hparams(td_gguf_writer *w, const td_model_config *c, const td_export_params *p, td_err *err) {

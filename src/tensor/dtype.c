@@ -13,12 +13,13 @@ const char *td_dtype_name(td_dtype t) {
     case TD_Q4_0: return "Q4_0";
     case TD_Q4_K: return "Q4_K";
     case TD_Q6_K: return "Q6_K";
+    case TD_Q5_0: return "Q5_0";
     default: return "?";
     }
 }
 
 int td_dtype_block(td_dtype t) {
-    if (t == TD_Q8_0 || t == TD_Q4_0) return TD_QK;
+    if (t == TD_Q8_0 || t == TD_Q4_0 || t == TD_Q5_0) return TD_QK;
     return td_dtype_is_k(t) ? TD_QK_K : 1;
 }
 
@@ -31,6 +32,7 @@ size_t td_dtype_block_bytes(td_dtype t) {
     case TD_Q4_0: return sizeof(td_block_q4_0);
     case TD_Q4_K: return sizeof(td_block_q4_k);
     case TD_Q6_K: return sizeof(td_block_q6_k);
+    case TD_Q5_0: return sizeof(td_block_q5_0);
     default: return 0;
     }
 }
@@ -69,6 +71,21 @@ void td_to_f32(td_dtype t, const void *src, float *y, int64_t n) {
             for (int j = 0; j < TD_QK / 2; j++) {
                 y[i * TD_QK + j] = d * ((b[i].qs[j] & 0x0f) - 8);
                 y[i * TD_QK + j + TD_QK / 2] = d * ((b[i].qs[j] >> 4) - 8);
+            }
+        }
+        break;
+    }
+    case TD_Q5_0: {
+        const td_block_q5_0 *b = src;
+        for (int64_t i = 0; i < n / TD_QK; i++) {
+            const float d = td_f16_to_f32(b[i].d);
+            const uint32_t qh = (uint32_t)b[i].qh[0] | (uint32_t)b[i].qh[1] << 8 | (uint32_t)b[i].qh[2] << 16 |
+                                (uint32_t)b[i].qh[3] << 24;
+            for (int j = 0; j < TD_QK / 2; j++) {
+                const int q0 = (b[i].qs[j] & 0x0f) | (int)((qh >> j) & 1) << 4;
+                const int q1 = (b[i].qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+                y[i * TD_QK + j] = (float)(q0 - 16) * d;
+                y[i * TD_QK + j + TD_QK / 2] = (float)(q1 - 16) * d;
             }
         }
         break;
@@ -282,6 +299,31 @@ void td_from_f32(td_dtype t, const float *x, void *dst, int64_t n) {
                 if (q1 > 15) q1 = 15;
                 b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
             }
+        }
+        break;
+    }
+    case TD_Q5_0: {  // ggml's quantize_row_q5_0_ref
+        td_block_q5_0 *b = dst;
+        for (int64_t i = 0; i < n / TD_QK; i++) {
+            const float *xb = x + i * TD_QK;
+            float amax = 0, max = 0;
+            for (int j = 0; j < TD_QK; j++) {
+                if (fabsf(xb[j]) > amax) {
+                    amax = fabsf(xb[j]);
+                    max = xb[j];
+                }
+            }
+            float d = max / -16.0f, id = d ? 1.0f / d : 0.0f;
+            b[i].d = td_f32_to_f16(d);
+            uint32_t qh = 0;
+            for (int j = 0; j < TD_QK / 2; j++) {
+                int q0 = (int)(int8_t)(xb[j] * id + 16.5f), q1 = (int)(int8_t)(xb[j + TD_QK / 2] * id + 16.5f);
+                if (q0 > 31) q0 = 31;
+                if (q1 > 31) q1 = 31;
+                b[i].qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+                qh |= (uint32_t)((q0 >> 4) & 1) << j | (uint32_t)((q1 >> 4) & 1) << (j + 16);
+            }
+            for (int k = 0; k < 4; k++) b[i].qh[k] = (uint8_t)(qh >> (8 * k));
         }
         break;
     }

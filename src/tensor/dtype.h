@@ -3,6 +3,8 @@
 //   Q8_0: { f16 d; int8 q[32]; }                 x = d * q
 //   Q4_0: { f16 d; uint8 qs[16]; }               x = d * (nibble - 8); element j < 16 is the low
 //                                                nibble of qs[j], element j + 16 the high nibble.
+//   Q5_0: { f16 d; uint8 qh[4]; uint8 qs[16]; }  x = d * (q - 16), q = Q4_0's nibble + 16 * bit j of
+//                                                the little-endian uint32 qh (element j, 0..31).
 // k-quants (ggml's, QK_K = 256 elements per super-block; rows must be a multiple of 256):
 //   Q4_K: { f16 d, dmin; uint8 scales[12]; uint8 qs[128]; }  8 sub-blocks of 32 with a 6-bit scale
 //         sc and min m each (td_q4_k_scale_min); x = (d*sc) * q - (dmin*m), q a nibble; the 64
@@ -24,6 +26,7 @@ typedef enum td_dtype {
     TD_Q4_0,
     TD_Q4_K,
     TD_Q6_K,
+    TD_Q5_0,  // after the k-quants: the values of older types are kept
     TD_DTYPE_COUNT,
 } td_dtype;
 
@@ -54,7 +57,14 @@ typedef struct {
     uint16_t d;                // f16
 } td_block_q6_k;  // 210 bytes
 
+typedef struct {
+    uint16_t d;  // f16 scale
+    uint8_t qh[4];  // fifth bits, element j = bit j of the little-endian uint32
+    uint8_t qs[TD_QK / 2];
+} td_block_q5_0;  // 22 bytes
+
 _Static_assert(sizeof(td_block_q8_0) == 34, "q8_0 block layout");
+_Static_assert(sizeof(td_block_q5_0) == 22, "q5_0 block layout");
 _Static_assert(sizeof(td_block_q4_0) == 18, "q4_0 block layout");
 _Static_assert(sizeof(td_block_q4_k) == 144, "q4_k block layout");
 _Static_assert(sizeof(td_block_q6_k) == 210, "q6_k block layout");
@@ -91,7 +101,7 @@ size_t td_row_bytes(td_dtype t, int64_t n);
 // Dequantizes/converts n elements (n a multiple of the block size) of type t at src into y.
 void td_to_f32(td_dtype t, const void *src, float *y, int64_t n);
 // Converts/quantizes n f32 values into type t (round-to-nearest-even for bf16/f16; GGUF's
-// reference quantizers for Q8_0 and Q4_0; for Q4_K/Q6_K a per-sub-block least-squares search of
+// reference quantizers for Q8_0, Q4_0 and Q5_0; for Q4_K/Q6_K a per-sub-block least-squares search of
 // scale (and min), not llama.cpp's exact make_qkx2_quants: see docs/formats.md for its error).
 void td_from_f32(td_dtype t, const float *x, void *dst, int64_t n);
 

@@ -18,8 +18,10 @@ T_UINT8, T_INT8, T_UINT16, T_INT16, T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRI
 
 # ggml tensor types
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0, GGML_BF16 = 0, 1, 2, 8, 30
-GGML_Q4_K, GGML_Q6_K = 12, 14
+GGML_Q5_0, GGML_Q4_K, GGML_Q6_K = 6, 12, 14
 QK = 32
+Q5_0_DTYPE = np.dtype([("d", "<f2"), ("qh", "<u4"), ("qs", "u1", (QK // 2,))])  # 22 bytes, packed
+assert Q5_0_DTYPE.itemsize == 22
 QK_K = 256  # k-quant super-block
 
 # k-quant block layouts (ggml's block_q4_K / block_q6_K, little-endian, no padding)
@@ -80,6 +82,33 @@ def quantize_q4_0(x):
     out["d"] = d.astype(np.float16)
     out["qs"] = lo | (hi << 4)
     return out.tobytes()
+
+
+def quantize_q5_0(x):
+    """ggml's reference Q5_0 quantizer: d = (the largest-magnitude element) / -16, q = min(31,
+    trunc(x / d + 16.5)); nibbles as Q4_0, the fifth bit of element j in bit j of qh. Returns bytes."""
+    x = np.asarray(x, dtype=np.float32).reshape(-1, QK)
+    idx = np.abs(x).argmax(axis=1)
+    mx = x[np.arange(x.shape[0]), idx]
+    d = (mx / np.float32(-16.0)).astype(np.float32)
+    idv = np.where(d != 0, np.float32(1.0) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = np.minimum(31, (x * idv[:, None] + np.float32(16.5)).astype(np.int8)).astype(np.uint32)
+    out = np.zeros(x.shape[0], dtype=Q5_0_DTYPE)
+    out["d"] = d.astype(np.float16)
+    out["qs"] = ((q[:, :QK // 2] & 0xF) | ((q[:, QK // 2:] & 0xF) << 4)).astype(np.uint8)
+    out["qh"] = (((q >> 4) & 1) << np.arange(QK, dtype=np.uint32)).sum(axis=1, dtype=np.uint64).astype(np.uint32)
+    return out.tobytes()
+
+
+def dequantize_q5_0(raw):
+    """Q5_0 bytes -> float32 (n,): (q - 16) * d, q = Q4_0's nibble | (bit j of qh) << 4."""
+    b = np.frombuffer(raw, dtype=Q5_0_DTYPE)
+    lo = (b["qs"] & 0x0F).astype(np.int32)
+    hi = (b["qs"] >> 4).astype(np.int32)
+    q = np.concatenate([lo, hi], axis=1)
+    bits = ((b["qh"][:, None] >> np.arange(QK, dtype=np.uint32)) & 1).astype(np.int32)
+    q = (q | (bits << 4)) - 16
+    return (q.astype(np.float32) * b["d"].astype(np.float32)[:, None]).astype(np.float32).reshape(-1)
 
 
 def _q4_k_unpack_scales(s):
@@ -215,6 +244,8 @@ def dequantize(ggml_type, raw, shape):
         hi = (b["qs"] >> 4).astype(np.float32) - 8
         q = np.concatenate([lo, hi], axis=1)
         return (b["d"].astype(np.float32)[:, None] * q).reshape(shape)
+    if ggml_type == GGML_Q5_0:
+        return dequantize_q5_0(raw).reshape(shape)
     if ggml_type == GGML_Q4_K:
         return dequantize_q4_k(raw).reshape(shape)
     if ggml_type == GGML_Q6_K:
@@ -238,6 +269,8 @@ def encode_tensor(ggml_type, arr):
         return quantize_q8_0(a)
     if ggml_type == GGML_Q4_0:
         return quantize_q4_0(a)
+    if ggml_type == GGML_Q5_0:
+        return quantize_q5_0(a)
     if ggml_type == GGML_Q4_K:
         return quantize_q4_k(a)
     if ggml_type == GGML_Q6_K:
@@ -283,14 +316,15 @@ class GGUFWriter:
 
 
 def _main():
-    """python3 gguf_writer.py dequant q4_k|q6_k IN OUT: raw blocks in IN -> float32 OUT (for the
-    C <-> python layout round trip in tests/unit/test_kquant.c)."""
+    """python3 gguf_writer.py dequant q4_k|q6_k|q5_0 IN OUT: raw blocks in IN -> float32 OUT (for
+    the C <-> python layout round trip in tests/unit/test_kquant.c)."""
     import sys
-    if len(sys.argv) != 5 or sys.argv[1] != "dequant" or sys.argv[2] not in ("q4_k", "q6_k"):
-        sys.exit("usage: gguf_writer.py dequant q4_k|q6_k IN OUT")
+    dec = {"q4_k": dequantize_q4_k, "q6_k": dequantize_q6_k, "q5_0": dequantize_q5_0}
+    if len(sys.argv) != 5 or sys.argv[1] != "dequant" or sys.argv[2] not in dec:
+        sys.exit("usage: gguf_writer.py dequant q4_k|q6_k|q5_0 IN OUT")
     with open(sys.argv[3], "rb") as f:
         raw = f.read()
-    y = dequantize_q4_k(raw) if sys.argv[2] == "q4_k" else dequantize_q6_k(raw)
+    y = dec[sys.argv[2]](raw)
     y.astype("<f4").tofile(sys.argv[4])
 
 

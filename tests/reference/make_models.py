@@ -67,12 +67,13 @@ VARIANTS = {
 GGUF_TYPES = {"f32": G.GGML_F32, "f16": G.GGML_F16, "bf16": G.GGML_BF16, "q8_0": G.GGML_Q8_0,
               "q4_0": G.GGML_Q4_0}
 GGUF_TYPE_NAMES = {v: k.upper() for k, v in GGUF_TYPES.items()}
-GGUF_TYPE_NAMES.update({G.GGML_Q4_K: "Q4_K", G.GGML_Q6_K: "Q6_K"})
-# Activation rounding that tandem's avx512-int8 kernels apply in front of a matmul, by weight type.
+GGUF_TYPE_NAMES.update({G.GGML_Q4_K: "Q4_K", G.GGML_Q6_K: "Q6_K", G.GGML_Q5_0: "Q5_0"})
+# Activation rounding that tandem's avx512-int8 kernels apply in front of a matmul, by weight type
+# (Q5_0 is multiplied exactly by every tandem kernel set).
 ACT_BY_TYPE = {"Q8_0": "q8", "Q4_0": "q8", "BF16": "bf16", "Q4_K": "q8k", "Q6_K": "q8k"}
 
 # k-quant variants: every inner dimension a multiple of 256 except llamak's ffn (544), so that its
-# ffn_down rows exercise the Q4_K -> Q4_0 and Q6_K -> Q8_0 fallbacks. llamak has an output.weight
+# ffn_down rows exercise the Q4_K -> Q5_0 and Q6_K -> Q8_0 fallbacks. llamak has an output.weight
 # (Q6_K), qwen3k ties it to token_embd (then Q6_K). Layers: use_more_bits picks layer 1 of 2 and
 # layer 2 of 3.
 KQ_VARIANTS = {
@@ -94,7 +95,7 @@ def q4_k_m_type(gname, ndim, cols, n_layers, has_output):
     """The ggml type llama.cpp's Q4_K_M recipe gives GGUF tensor gname (dense models): 1-D F32;
     output.weight (or token_embd.weight when the head is tied) Q6_K; attn_v and ffn_down Q6_K in
     the use_more_bits layers; every other matrix Q4_K. Rows that are not a multiple of 256 fall
-    back: Q6_K -> Q8_0 (as llama.cpp), Q4_K -> Q4_0 (tandem's choice; llama.cpp takes Q5_0)."""
+    back as in llama.cpp: Q6_K -> Q8_0, Q4_K -> Q5_0."""
     if ndim != 2:
         return G.GGML_F32
     t = G.GGML_Q4_K
@@ -104,7 +105,7 @@ def q4_k_m_type(gname, ndim, cols, n_layers, has_output):
         if use_more_bits(int(gname.split(".")[1]), n_layers):
             t = G.GGML_Q6_K
     if cols % G.QK_K:
-        t = G.GGML_Q8_0 if t == G.GGML_Q6_K else G.GGML_Q4_0
+        t = G.GGML_Q8_0 if t == G.GGML_Q6_K else G.GGML_Q5_0
     return t
 # The matmul weights of a model (HF names; a tied head multiplies by the embedding table).
 MATMUL_SUFFIXES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",

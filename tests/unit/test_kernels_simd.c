@@ -180,7 +180,8 @@ static void test_matmul(const td_kernels *k, td_dtype dt, int n_tok, int n_out, 
 }
 
 static void test_matmuls(const td_kernels *k) {
-    static const td_dtype dts[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0, TD_Q4_0, TD_Q4_K, TD_Q6_K};
+    // Q5_0 runs on the exact path in every set (avx512-int8 included)
+    static const td_dtype dts[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0, TD_Q4_0, TD_Q5_0, TD_Q4_K, TD_Q6_K};
     // in_k: k-quant rows (multiples of 256: 1, 3, 9, 17, 5, 16, 8 and 2 super-blocks)
     static const struct { int tok, out, in_f, in_q, in_k, bias; } shapes[] = {
         {1, 1, 17, 32, 256, 0},      {1, 37, 100, 96, 768, 1},   {3, 9, 31, 64, 2304, 1},    {5, 13, 4113, 4128, 4352, 0},
@@ -188,7 +189,7 @@ static void test_matmuls(const td_kernels *k) {
     };
     for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-            const int q = dts[d] == TD_Q8_0 || dts[d] == TD_Q4_0;
+            const int q = dts[d] == TD_Q8_0 || dts[d] == TD_Q4_0 || dts[d] == TD_Q5_0;
             const int n_in = td_dtype_is_k(dts[d]) ? shapes[s].in_k : q ? shapes[s].in_q : shapes[s].in_f;
             test_matmul(k, dts[d], shapes[s].tok, shapes[s].out, n_in, shapes[s].bias);
         }

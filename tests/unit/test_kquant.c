@@ -1,4 +1,4 @@
-// Q4_K / Q6_K (GGUF k-quants): the block layout checked against an independent numpy decoder
+// Q4_K / Q6_K (GGUF k-quants) and Q5_0 (their fallback): the block layout checked against an independent numpy decoder
 // (tests/reference/gguf_writer.py, written from the format description) bit for bit, the
 // quantizers' error on Gaussian data against Q4_0 / Q8_0, edge cases, the Q4_K_M recipe of
 // `tandem quantize` on the llamak / qwen3k reference files, and malformed k-quant tensors.
@@ -109,17 +109,21 @@ static int write_file(const char *path, const void *p, size_t n) {
 // C quantizes (Gaussian rows, and blocks of random bytes for every bit pattern of scales and
 // quants); numpy decodes from the format description; both decodes must agree bit for bit.
 static void test_python_layout(const char *dir) {
-    const td_dtype ts[] = {TD_Q4_K, TD_Q6_K};
-    const char *names[] = {"q4_k", "q6_k"};
-    const int nb = 64;  // super-blocks: half quantized, half random bytes
-    for (int k = 0; k < 2; k++) {
-        const size_t bb = td_dtype_block_bytes(ts[k]);
+    const td_dtype ts[] = {TD_Q4_K, TD_Q6_K, TD_Q5_0};
+    const char *names[] = {"q4_k", "q6_k", "q5_0"};
+    const int nb = 64;  // blocks of 256: half quantized, half random bytes
+    for (int k = 0; k < 3; k++) {
+        const size_t bb = td_dtype_block_bytes(ts[k]) * (ts[k] == TD_Q5_0 ? 8 : 1);  // 256 elements
         uint8_t *q = malloc(bb * nb);
         float *x = malloc(sizeof(float) * 256 * nb), *y = malloc(sizeof(float) * 256 * nb);
         for (int i = 0; i < 256 * nb / 2; i++) x[i] = gauss() * (1.0f + (float)(i / 256));
         td_from_f32(ts[k], x, q, 256 * nb / 2);
         for (size_t i = bb * nb / 2; i < bb * nb; i++) q[i] = (uint8_t)next_u64();
         for (int b = nb / 2; b < nb; b++) {  // finite f16 scales (exponent < 31) keep the comparison exact
+            if (ts[k] == TD_Q5_0) {
+                for (int s = 0; s < 8; s++) ((td_block_q5_0 *)q)[8 * b + s].d &= 0xbfff;
+                continue;
+            }
             uint16_t *d = ts[k] == TD_Q4_K ? &((td_block_q4_k *)q)[b].d : &((td_block_q6_k *)q)[b].d;
             d[0] = (uint16_t)(d[0] & 0xbfff);
             if (ts[k] == TD_Q4_K) d[1] = (uint16_t)(d[1] & 0xbfff);
@@ -206,7 +210,7 @@ static void test_quantize_cli(const char *dir) {
                            "blk.0.attn_q.weight", "blk.1.ffn_up.weight", "blk.0.ffn_down.weight",
                            "blk.1.ffn_down.weight", "blk.0.attn_norm.weight"};
         const uint32_t w[] = {TD_GGML_Q4_K, TD_GGML_Q6_K, TD_GGML_Q4_K, TD_GGML_Q6_K, TD_GGML_Q4_K,
-                              TD_GGML_Q4_K, TD_GGML_Q4_0, TD_GGML_Q8_0, TD_GGML_F32};
+                              TD_GGML_Q4_K, TD_GGML_Q5_0, TD_GGML_Q8_0, TD_GGML_F32};
         check_types(dst, n, w, 9);
     }
     // qwen3k: tied head (token_embd Q6_K), 3 layers (layer 2 more bits), ffn 768.

@@ -1,7 +1,7 @@
 // AVX-512 low-precision-activation matmuls (the avx512-int8 set): Q8_0/Q4_0 weights against
 // activations quantized per 32-element block to int8 + f32 scale, integer dots with VNNI vpdpbusd;
 // Q4_K/Q6_K weights against activations quantized per 256 (ggml's Q8_K: f32 scale, int8, per-16 sums)
-// with integer dots scaled per sub-block (vpmaddubsw + vpmaddwd);
+// with integer dots scaled per sub-block (vpmaddubsw + vpmaddwd); Q5_0 on the exact path;
 // BF16 weights with vdpbf16ps on bf16-rounded activations; other dtypes go to the exact path.
 // Compiled for AVX-512 + VNNI + BF16 (td_x86_has_avx512_int8). Batch-invariant as the exact path:
 // each (row, token) pair has one accumulator and a token's quantization depends only on it.
