@@ -68,9 +68,8 @@ GGUF_TYPES = {"f32": G.GGML_F32, "f16": G.GGML_F16, "bf16": G.GGML_BF16, "q8_0":
               "q4_0": G.GGML_Q4_0}
 GGUF_TYPE_NAMES = {v: k.upper() for k, v in GGUF_TYPES.items()}
 GGUF_TYPE_NAMES.update({G.GGML_Q4_K: "Q4_K", G.GGML_Q6_K: "Q6_K", G.GGML_Q5_0: "Q5_0"})
-# Activation rounding that tandem's avx512-int8 kernels apply in front of a matmul, by weight type
-# (Q5_0 is multiplied exactly by every tandem kernel set).
-ACT_BY_TYPE = {"Q8_0": "q8", "Q4_0": "q8", "BF16": "bf16", "Q4_K": "q8k", "Q6_K": "q8k"}
+# Activation rounding that tandem's avx512-int8 kernels apply in front of a matmul, by weight type.
+ACT_BY_TYPE = {"Q8_0": "q8", "Q4_0": "q8", "Q5_0": "q8", "BF16": "bf16", "Q4_K": "q8k", "Q6_K": "q8k"}
 
 # k-quant variants: every inner dimension a multiple of 256 except llamak's ffn (544), so that its
 # ffn_down rows exercise the Q4_K -> Q5_0 and Q6_K -> Q8_0 fallbacks. llamak has an output.weight
@@ -502,9 +501,9 @@ def main():
         "eos_id": tok.eos_id,
         "logprobs_layout": "raw little-endian float32 [n_tokens, vocab_size], row per position, "
                            "log_softmax of the logits at that position",
-        "act_semantics": "models[].act (Q8_0/Q4_0/Q4_K/Q6_K/BF16 matmul weights only): the same outputs "
+        "act_semantics": "models[].act (Q8_0/Q4_0/Q5_0/Q4_K/Q6_K/BF16 matmul weights only): the same outputs "
                          "with the input of every such matmul rounded as tandem's avx512-int8 kernels "
-                         "do: q8 = int8 per 32-element block with an f32 scale (Q8_0/Q4_0), q8k = "
+                         "do: q8 = int8 per 32-element block with an f32 scale (Q8_0/Q4_0/Q5_0), q8k = "
                          "int8 per 256-element block as ggml's Q8_K (Q4_K/Q6_K), bf16 = RNE to "
                          "bfloat16 (tests/reference/model_ref.py act_q8, act_q8k, act_bf16)",
         "prompts": prompts,

@@ -151,7 +151,7 @@ static void test_matmul(const td_kernels *k, td_dtype dt, int n_tok, int n_out, 
     float *y = mm_run(k, &c, c.x, n_tok, 3);
     int kind = EXACT;
     if (!strcmp(k->name, "avx512-int8"))
-        kind = (dt == TD_Q8_0 || dt == TD_Q4_0) ? ACT_INT8 : dt == TD_BF16 ? ACT_BF16 : td_dtype_is_k(dt) ? ACT_Q8K : EXACT;
+        kind = (dt == TD_Q8_0 || dt == TD_Q4_0 || dt == TD_Q5_0) ? ACT_INT8 : dt == TD_BF16 ? ACT_BF16 : td_dtype_is_k(dt) ? ACT_Q8K : EXACT;
     mm_check(k->name, &c, y, yr, kind, "vs ref");
     if (kind != EXACT) {
         float *xe = emulate_x(&c, kind);
@@ -180,7 +180,6 @@ static void test_matmul(const td_kernels *k, td_dtype dt, int n_tok, int n_out, 
 }
 
 static void test_matmuls(const td_kernels *k) {
-    // Q5_0 runs on the exact path in every set (avx512-int8 included)
     static const td_dtype dts[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0, TD_Q4_0, TD_Q5_0, TD_Q4_K, TD_Q6_K};
     // in_k: k-quant rows (multiples of 256: 1, 3, 9, 17, 5, 16, 8 and 2 super-blocks)
     static const struct { int tok, out, in_f, in_q, in_k, bias; } shapes[] = {
@@ -307,6 +306,7 @@ int main(void) {
         if (!strcmp(k->name, "avx512-int8")) {
             report_int8_error(k, TD_Q8_0);
             report_int8_error(k, TD_Q4_0);
+            report_int8_error(k, TD_Q5_0);
             report_int8_error(k, TD_BF16);
             report_int8_error(k, TD_Q4_K);
             report_int8_error(k, TD_Q6_K);

@@ -1,7 +1,7 @@
 // AVX-512 low-precision-activation matmuls (the avx512-int8 set): Q8_0/Q4_0 weights against
 // activations quantized per 32-element block to int8 + f32 scale, integer dots with VNNI vpdpbusd;
 // Q4_K/Q6_K weights against activations quantized per 256 (ggml's Q8_K: f32 scale, int8, per-16 sums)
-// with integer dots scaled per sub-block (vpmaddubsw + vpmaddwd); Q5_0 on the exact path;
+// with integer dots scaled per sub-block (vpmaddubsw + vpmaddwd); Q5_0 as Q4_0 with a fifth bit;
 // BF16 weights with vdpbf16ps on bf16-rounded activations; other dtypes go to the exact path.
 // Compiled for AVX-512 + VNNI + BF16 (td_x86_has_avx512_int8). Batch-invariant as the exact path:
 // each (row, token) pair has one accumulator and a token's quantization depends only on it.
@@ -150,7 +150,9 @@ enum {
 };
 
 // Quantizes `np` pairs of one token's activations (elements from x, n_blocks blocks left in the row).
-static void quantize_pairs(const float *x, int64_t n_blocks, int np, int q4, xpair *out) {
+// kind: 0 Q8_0, 1 Q4_0, 2 Q5_0 (the weights' byte order and unsigned offset).
+static void quantize_pairs(const float *x, int64_t n_blocks, int np, int kind, xpair *out) {
+    const int q4 = kind != 0;  // Q4_0 and Q5_0 unpack alike
     for (int p = 0; p < np; p++, x += 64, n_blocks -= 2) {
         __m128i part[4];  // 16-byte quarters in element order: A lo, A hi, B lo, B hi
         float dx[2];
@@ -174,7 +176,7 @@ static void quantize_pairs(const float *x, int64_t n_blocks, int np, int q4, xpa
         const int order_q8[4] = {0, 1, 2, 3}, order_q4[4] = {0, 2, 1, 3};
         for (int k = 0; k < 4; k++)
             _mm_storeu_si128((__m128i *)(o->q + 16 * k), part[q4 ? order_q4[k] : order_q8[k]]);
-        const int32_t excess = q4 ? 8 : 128;
+        const int32_t excess = kind == 2 ? 16 : q4 ? 8 : 128;
         const __mmask16 lanes_b = q4 ? 0xF0F0 : 0xFF00;  // the int32 lanes that hold block B's sums
         _mm512_storeu_ps(o->d, _mm512_mask_blend_ps(lanes_b, _mm512_set1_ps(dx[0]), _mm512_set1_ps(dx[1])));
         const __m512i off = _mm512_mask_set1_epi32(_mm512_maskz_set1_epi32(1, -excess * sum[0]),
@@ -185,6 +187,7 @@ static void quantize_pairs(const float *x, int64_t n_blocks, int np, int q4, xpa
 
 static const td_block_q8_0 zero_q8;
 static const td_block_q4_0 zero_q4;
+static const td_block_q5_0 zero_q5;
 
 // Two f16 block scales spread over the int32 lanes of their blocks (lane l takes scale idx[l]).
 INL __m512 pair_scales(uint16_t da, uint16_t db, __m512i idx) {
@@ -193,8 +196,23 @@ INL __m512 pair_scales(uint16_t da, uint16_t db, __m512i idx) {
 }
 
 // A weight pair (blocks 2p, 2p + 1 of a row; B empty past the end) as unsigned bytes + scales.
-INL void load_wpair(int q4, const uint8_t *row, int64_t blk, int has_b, __m512i *wq, __m512 *wd) {
-    if (q4) {
+INL void load_wpair(int kind, const uint8_t *row, int64_t blk, int has_b, __m512i *wq, __m512 *wd) {
+    if (kind == 2) {  // Q5_0: as Q4_0 (q + 16 unsigned), the fifth bits OR-ed in by a byte mask
+        const td_block_q5_0 *a = (const td_block_q5_0 *)row + blk, *b = has_b ? a + 1 : &zero_q5;
+        const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a->qs)),
+                                                  _mm_loadu_si128((const __m128i *)b->qs), 1);
+        const __m512i vv = _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1);
+        uint32_t ha, hb;
+        memcpy(&ha, a->qh, 4);
+        memcpy(&hb, b->qh, 4);
+        // bytes: A 0..15 | B 0..15 | A 16..31 | B 16..31, as the nibbles
+        const uint64_t m = (uint64_t)(ha & 0xffff) | (uint64_t)(hb & 0xffff) << 16 | (uint64_t)(ha >> 16) << 32 |
+                           (uint64_t)(hb >> 16) << 48;
+        *wq = _mm512_or_si512(
+            _mm512_and_si512(_mm512_mask_srli_epi16(vv, (__mmask32)0xffff0000u, vv, 4), _mm512_set1_epi8(15)),
+            _mm512_maskz_set1_epi8((__mmask64)m, 16));
+        *wd = pair_scales(a->d, b->d, _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0));
+    } else if (kind) {
         const td_block_q4_0 *a = (const td_block_q4_0 *)row + blk, *b = has_b ? a + 1 : &zero_q4;
         const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a->qs)),
                                                   _mm_loadu_si128((const __m128i *)b->qs), 1);
@@ -213,7 +231,7 @@ INL void load_wpair(int q4, const uint8_t *row, int64_t blk, int has_b, __m512i 
 
 // acc[r][t] += sum over the chunk's pairs of (int dot + off) * dw * dx, per lane, in pair order.
 // One pair p of the tile (has_b: its second block exists; 0 only for the last pair of an odd row).
-INL void int8_step(int q4, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0, int p,
+INL void int8_step(int kind, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0, int p,
                    int has_b, size_t pf, __m512 acc[I8_BR][I8_BT]) {
     __m512i xq[I8_BT];
 TD_UNROLL
@@ -222,8 +240,9 @@ TD_UNROLL
     for (int r = 0; r < NR; r++) {
         __m512i wq;
         __m512 wd;
-        load_wpair(q4, w[r], blk0 + 2 * p, has_b, &wq, &wd);
-        if (pf) td_x86_prefetch((const char *)w[r] + pf + (blk0 + 2 * p) * (q4 ? 18 : 34), q4 ? 36 : 68);
+        load_wpair(kind, w[r], blk0 + 2 * p, has_b, &wq, &wd);
+        const int bb = kind == 2 ? 22 : kind ? 18 : 34;  // block bytes
+        if (pf) td_x86_prefetch((const char *)w[r] + pf + (blk0 + 2 * p) * bb, 2 * bb);
 TD_UNROLL
         for (int t = 0; t < NT; t++) {
             const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(x[t][p].off), wq, xq[t]);
@@ -233,14 +252,14 @@ TD_UNROLL
 }
 
 // pf: bytes ahead to prefetch each row (0: none; rows already in L2).
-INL void int8_tile(int q4, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0,
+INL void int8_tile(int kind, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0,
                    int np, int64_t n_blocks, size_t pf, __m512 acc[I8_BR][I8_BT]) {
     const int np_full = blk0 + 2 * (int64_t)np <= n_blocks ? np : np - 1;  // pairs with both blocks
-    for (int p = 0; p < np_full; p++) int8_step(q4, NR, NT, w, x, blk0, p, 1, pf, acc);
-    if (np_full < np) int8_step(q4, NR, NT, w, x, blk0, np_full, 0, pf, acc);
+    for (int p = 0; p < np_full; p++) int8_step(kind, NR, NT, w, x, blk0, p, 1, pf, acc);
+    if (np_full < np) int8_step(kind, NR, NT, w, x, blk0, np_full, 0, pf, acc);
 }
 
-INL void int8_matmul(int q4, int NR, int NT, const td_matmul_args *a, int ith, int nth) {
+INL void int8_matmul(int kind, int NR, int NT, const td_matmul_args *a, int ith, int nth) {
     const td_tensor *w = a->w;
     const int64_t n_out = w->ne[0], n_in = w->ne[1], n_blocks = n_in / TD_QK, n_pairs = (n_blocks + 1) / 2;
     const size_t rb = td_row_bytes(w->type, n_in);
@@ -260,7 +279,7 @@ INL void int8_matmul(int q4, int NR, int NT, const td_matmul_args *a, int ith, i
                 const xpair *x[I8_BT];
                 for (int t = 0; t < NT; t++) {
                     if (t < ntv)
-                        quantize_pairs(a->x + (size_t)(t0 + t) * n_in + p0 * 64, n_blocks - 2 * p0, np, q4, xbuf[t]);
+                        quantize_pairs(a->x + (size_t)(t0 + t) * n_in + p0 * 64, n_blocks - 2 * p0, np, kind, xbuf[t]);
                     x[t] = xbuf[t < ntv ? t : ntv - 1];
                 }
                 for (long r0 = b0; r0 < b1; r0 += NR) {
@@ -273,7 +292,7 @@ TD_UNROLL
                     for (int r = 0; r < NR; r++)
 TD_UNROLL
                         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
-                    int8_tile(q4, NR, NT, wr, x, 2 * p0, np, n_blocks, NT == 1 || t0 == 0 ? pf_ahead : 0, acc);
+                    int8_tile(kind, NR, NT, wr, x, 2 * p0, np, n_blocks, NT == 1 || t0 == 0 ? pf_ahead : 0, acc);
                     float sums[I8_BR * I8_BT];
                     td_x86_hsum_tile(&acc[0][0], I8_BT, NR, NT, sums);
                     for (int r = 0; r < nrv; r++)
@@ -292,6 +311,8 @@ static void q8_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_ma
 static void q8_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(0, I8_DR, 1, a, ith, nth); }
 static void q4_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, I8_PR, I8_PT, a, ith, nth); }
 static void q4_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, I8_DR, 1, a, ith, nth); }
+static void q5_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_matmul(2, I8_PR, I8_PT, a, ith, nth); }
+static void q5_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(2, I8_DR, 1, a, ith, nth); }
 
 // ---- k-quants (Q4_K, Q6_K weights) -------------------------------------------------------------
 
@@ -480,6 +501,7 @@ void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth) {
     case TD_Q6_K: (decode ? q6k_int8_decode : q6k_int8_prefill)(a, ith, nth); break;
     case TD_Q8_0: (decode ? q8_int8_decode : q8_int8_prefill)(a, ith, nth); break;
     case TD_Q4_0: (decode ? q4_int8_decode : q4_int8_prefill)(a, ith, nth); break;
+    case TD_Q5_0: (decode ? q5_int8_decode : q5_int8_prefill)(a, ith, nth); break;
     case TD_BF16: (decode ? bf16x_decode : bf16x_prefill)(a, ith, nth); break;
     default: td_avx512_matmul(a, ith, nth); break;
     }
