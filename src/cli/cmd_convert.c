@@ -17,13 +17,14 @@
 
 static void convert_usage(FILE *f) {
     fprintf(f,
-            "usage: tandem convert MODEL -o OUT.gguf [--type f16|bf16|q8_0|q4_0|f32] [options]\n"
+            "usage: tandem convert MODEL -o OUT.gguf [--type f16|bf16|q8_0|q4_0|q5_0|q4_k|q6_k|q4_k_m|f32] [options]\n"
             "       tandem convert MODEL --to hf -o DIR [--type f32|f16|bf16] [options]\n"
             "  MODEL                 model directory (config.json + safetensors) or .gguf file\n"
             "  -o, --out PATH        output GGUF file, or directory with --to hf\n"
             "  --to gguf|hf          output format (default gguf)\n"
-            "  --type T              tensor type: GGUF f32, f16 (default), bf16, q8_0, q4_0 (matrices;\n"
-            "                        norms and biases stay f32); hf f32 (default), f16, bf16\n"
+            "  --type T              tensor type: GGUF f32, f16 (default), bf16, q8_0, q4_0, q5_0, q4_k,\n"
+            "                        q6_k, q4_k_m (matrices; norms and biases stay f32); hf f32\n"
+            "                        (default), f16, bf16\n"
             "  --tokenizer PATH      tokenizer directory or tokenizer.json (default: MODEL's own, when\n"
             "                        MODEL is a directory)\n"
             "  --name NAME           GGUF general.name (default: the model directory's name)\n"
@@ -99,7 +100,7 @@ int td_cmd_convert(int argc, char **argv) {
     td_export_params p = td_export_default_params();
     int t = type_s ? td_export_parse_type(type_s) : (hf ? TD_F32 : TD_F16);
     if (t < 0) {
-        fprintf(stderr, "tandem convert: unknown type '%s' (f32, f16, bf16, q8_0, q4_0)\n", type_s);
+        fprintf(stderr, "tandem convert: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q6_k, q4_k_m)\n", type_s);
         return 2;
     }
     if (hf && t != TD_F32 && t != TD_F16 && t != TD_BF16) {
@@ -168,7 +169,7 @@ int td_cmd_convert(int argc, char **argv) {
         return 1;
     }
     fprintf(stderr, "tandem convert: wrote %s (%s, %s) in %.2f s\n", out, hf ? "model directory" : "GGUF",
-            td_dtype_name(p.type), td_now() - t0);
+            (int)p.type == TD_EXPORT_Q4_K_M ? "Q4_K_M" : td_dtype_name(p.type), td_now() - t0);
     return 0;
 }
 
@@ -178,7 +179,7 @@ int td_cmd_quantize(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: tandem quantize IN.gguf OUT.gguf TYPE\n"
-                   "  TYPE: f32, f16, bf16, q8_0, q4_0. Every tensor is dequantized to f32 and re-encoded:\n"
+                   "  TYPE: f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q6_k, q4_k_m (llama.cpp's mix). Every tensor is dequantized to f32 and re-encoded:\n"
                    "  matrices in TYPE, vectors (norms, biases, rope_freqs) in f32. Metadata is copied.\n");
             return 0;
         }
@@ -199,7 +200,7 @@ int td_cmd_quantize(int argc, char **argv) {
     }
     int t = td_export_parse_type(pos[2]);
     if (t < 0) {
-        fprintf(stderr, "tandem quantize: unknown type '%s' (f32, f16, bf16, q8_0, q4_0)\n", pos[2]);
+        fprintf(stderr, "tandem quantize: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q6_k, q4_k_m)\n", pos[2]);
         return 2;
     }
     if (!strcmp(pos[0], pos[1])) {
@@ -217,6 +218,6 @@ int td_cmd_quantize(int argc, char **argv) {
     if (was_q)
         fprintf(stderr, "tandem quantize: warning: %s was already quantized; its values were quantized twice "
                 "(quantize from an F32/F16/BF16 file for the best quality)\n", pos[0]);
-    fprintf(stderr, "tandem quantize: wrote %s (%s) in %.2f s\n", pos[1], td_dtype_name((td_dtype)t), td_now() - t0);
+    fprintf(stderr, "tandem quantize: wrote %s (%s) in %.2f s\n", pos[1], t == TD_EXPORT_Q4_K_M ? "Q4_K_M" : td_dtype_name((td_dtype)t), td_now() - t0);
     return 0;
 }

@@ -25,7 +25,7 @@ static void export_usage(FILE *f) {
             "  --to hf|gguf          output format (default hf)\n"
             "  -o, --out PATH        output directory (hf) or .gguf file\n"
             "  --type T              hf: f32 (default), f16, bf16; gguf: f32, f16 (default), bf16, q8_0,\n"
-            "                        q4_0 (matrices; norms stay f32)\n"
+            "                        q4_0, q5_0, q4_k, q6_k, q4_k_m (matrices; norms stay f32)\n"
             "  --tokenizer PATH      tokenizer directory or tokenizer.json to copy / embed (default: the\n"
             "                        \"tokenizer\" recorded in the checkpoint's metadata, if any)\n"
             "  --name NAME           GGUF general.name (default: tandem)\n");
@@ -99,7 +99,7 @@ int td_cmd_export(int argc, char **argv) {
     }
     int t = type_s ? td_export_parse_type(type_s) : (hf ? TD_F32 : TD_F16);
     if (t < 0) {
-        fprintf(stderr, "tandem export: unknown type '%s' (f32, f16, bf16, q8_0, q4_0)\n", type_s);
+        fprintf(stderr, "tandem export: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q6_k, q4_k_m)\n", type_s);
         return 2;
     }
     if (hf && t != TD_F32 && t != TD_F16 && t != TD_BF16) {
@@ -177,6 +177,6 @@ int td_cmd_export(int argc, char **argv) {
     if (step >= 0)
         fprintf(stderr, "tandem export: %s: newest valid checkpoint is step %lld\n", src, (long long)step);
     fprintf(stderr, "tandem export: wrote %s (%s, %s) in %.2f s\n", out, hf ? "model directory" : "GGUF",
-            td_dtype_name(p.type), td_now() - t0);
+            (int)p.type == TD_EXPORT_Q4_K_M ? "Q4_K_M" : td_dtype_name(p.type), td_now() - t0);
     return 0;
 }

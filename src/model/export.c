@@ -34,7 +34,10 @@ uint32_t td_export_file_type(td_dtype t) {
     case TD_Q4_0: return 2;  // MOSTLY_Q4_0
     case TD_Q8_0: return 7;  // MOSTLY_Q8_0
     case TD_BF16: return 32; // MOSTLY_BF16
-    default: return 0;
+    case TD_Q4_K: return 14; // MOSTLY_Q4_K_S (llama.cpp has no all-Q4_K type; the closest)
+    case TD_Q6_K: return 18; // MOSTLY_Q6_K
+    case TD_Q5_0: return 8;  // MOSTLY_Q5_0
+    default: return (int)t == TD_EXPORT_Q4_K_M ? 15 : 0;  // MOSTLY_Q4_K_M
     }
 }
 
@@ -44,13 +47,17 @@ uint32_t td_export_ggml_type(td_dtype t) {
     case TD_BF16: return TD_GGML_BF16;
     case TD_Q8_0: return TD_GGML_Q8_0;
     case TD_Q4_0: return TD_GGML_Q4_0;
+    case TD_Q4_K: return TD_GGML_Q4_K;
+    case TD_Q6_K: return TD_GGML_Q6_K;
+    case TD_Q5_0: return TD_GGML_Q5_0;
     default: return TD_GGML_F32;
     }
 }
 
 int td_export_parse_type(const char *s) {
     static const struct { const char *n; td_dtype t; } T[] = {
-        {"f32", TD_F32}, {"f16", TD_F16}, {"bf16", TD_BF16}, {"q8_0", TD_Q8_0}, {"q4_0", TD_Q4_0}};
+        {"f32", TD_F32}, {"f16", TD_F16}, {"bf16", TD_BF16}, {"q8_0", TD_Q8_0}, {"q4_0", TD_Q4_0},
+        {"q5_0", TD_Q5_0}, {"q4_k", TD_Q4_K}, {"q6_k", TD_Q6_K}, {"q4_k_m", (td_dtype)TD_EXPORT_Q4_K_M}};
     for (size_t i = 0; s && i < sizeof T / sizeof T[0]; i++)
         if (!strcasecmp(s, T[i].n)) return (int)T[i].t;
     return -1;
@@ -406,7 +413,8 @@ static td_status fetch(td_export_get_fn get, void *ctx, const tinfo *t, float *b
 static td_status check_common(const td_model_config *cfg, const td_export_params *p, td_err *err) {
     td_status st = td_config_validate(cfg, "export", err);
     if (st) return st;
-    if ((unsigned)p->type >= TD_DTYPE_COUNT) return td_err_set(err, TD_ERR_INVALID, "export: unknown type %d", (int)p->type);
+    if ((unsigned)p->type >= TD_DTYPE_COUNT && (int)p->type != TD_EXPORT_Q4_K_M)
+        return td_err_set(err, TD_ERR_INVALID, "export: unknown type %d", (int)p->type);
     return TD_OK;
 }
 
@@ -877,11 +885,44 @@ static void llama3_rope_factors(const td_model_config *c, float *out) {
 }
 
 // The type a tensor is stored in: 2-D in the chosen type (F16 when a quantized type's block does
-// not divide the rows, as llama.cpp's converter falls back), 1-D always F32.
+// not divide the rows, as llama.cpp's converter falls back), 1-D always F32. k-quants need rows of
+// a multiple of 256: otherwise Q4_K falls back to Q5_0 and Q6_K to Q8_0 (as llama.cpp's quantize),
+// each again to F16 if 32 does not divide the rows either.
 static td_dtype tensor_type(td_dtype want, int ndim, int64_t cols) {
     if (ndim != 2) return TD_F32;
-    if ((want == TD_Q8_0 || want == TD_Q4_0) && cols % TD_QK) return TD_F16;
+    if (want == TD_Q4_K && cols % TD_QK_K) want = TD_Q5_0;
+    if (want == TD_Q6_K && cols % TD_QK_K) want = TD_Q8_0;
+    if ((want == TD_Q8_0 || want == TD_Q4_0 || want == TD_Q5_0) && cols % TD_QK) return TD_F16;
     return want;
+}
+
+// llama.cpp's use_more_bits: the layers of a Q4_K_M file whose attn_v / ffn_down get Q6_K (the
+// first and last eighth, and every third layer between).
+static int use_more_bits(int i_layer, int n_layers) {
+    return i_layer < n_layers / 8 || i_layer >= 7 * n_layers / 8 || (i_layer - n_layers / 8) % 3 == 2;
+}
+
+// The type of GGUF tensor `name` for the requested type `want` (a td_dtype or TD_EXPORT_Q4_K_M).
+// Q4_K_M follows llama.cpp's recipe for dense Llama-family models: Q6_K for output.weight (or for
+// token_embd.weight when there is no output.weight: tied embeddings), Q6_K for attn_v and
+// ffn_down in the use_more_bits layers, Q4_K for every other matrix (token_embd included); the
+// k-quant fallbacks of tensor_type apply. n_layers: the model's layer count.
+static td_dtype pick_type(int want, const char *name, int ndim, int64_t cols, int n_layers, int has_output) {
+    if (want != TD_EXPORT_Q4_K_M) return tensor_type((td_dtype)want, ndim, cols);
+    td_dtype t = TD_Q4_K;
+    int layer = -1;
+    if (!strcmp(name, "output.weight") || (!has_output && !strcmp(name, "token_embd.weight"))) {
+        t = TD_Q6_K;
+    } else if ((strstr(name, "attn_v.weight") || strstr(name, "ffn_down")) && sscanf(name, "blk.%d.", &layer) == 1 &&
+               layer >= 0 && layer < n_layers && use_more_bits(layer, n_layers)) {
+        t = TD_Q6_K;
+    }
+    return tensor_type(t, ndim, cols);
+}
+
+// 1 for the types whose files carry general.quantization_version.
+static int is_quantized_type(int t) {
+    return t == TD_Q8_0 || t == TD_Q4_0 || t == TD_Q5_0 || t == TD_Q4_K || t == TD_Q6_K || t == TD_EXPORT_Q4_K_M;
 }
 
 static td_status gguf_hparams(td_gguf_writer *w, const td_model_config *c, const td_export_params *p, td_err *err) {
@@ -895,7 +936,7 @@ static td_status gguf_hparams(td_gguf_writer *w, const td_model_config *c, const
         (st = td_gguf_w_u32(w, "general.alignment", TD_GGUF_ALIGNMENT, err)))
         return st;
     // ggml's quantization format version (2 since 2023), which llama.cpp's writers add to quantized files.
-    if ((p->type == TD_Q8_0 || p->type == TD_Q4_0) && (st = td_gguf_w_u32(w, "general.quantization_version", 2, err)))
+    if (is_quantized_type((int)p->type) && (st = td_gguf_w_u32(w, "general.quantization_version", 2, err)))
         return st;
 #define U32(KEY, V) (snprintf(k, sizeof k, "%s." KEY, arch), td_gguf_w_u32(w, k, (uint32_t)(V), err))
 #define F32(KEY, V) (snprintf(k, sizeof k, "%s." KEY, arch), td_gguf_w_f32(w, k, (V), err))
@@ -938,8 +979,10 @@ td_status td_export_gguf(const char *path, const td_model_config *cfg, const td_
     if ((st = gguf_hparams(w, cfg, p, err))) goto done;
     if (p->tokenizer && (st = td_export_tokenizer_gguf(w, p->tokenizer, cfg->vocab_size, cfg, err))) goto done;
     size_t max_n = (size_t)cfg->head_dim, max_b = 0;
+    int has_output = 0;
+    for (int i = 0; i < nt; i++) has_output |= !strcmp(ts[i].gguf, "output.weight");
     for (int i = 0; i < nt; i++) {
-        td_dtype t = tensor_type(p->type, ts[i].ndim, ts[i].ne[1]);
+        td_dtype t = pick_type((int)p->type, ts[i].gguf, ts[i].ndim, ts[i].ne[1], cfg->n_layers, has_output);
         if ((st = td_gguf_w_tensor(w, ts[i].gguf, td_export_ggml_type(t), ts[i].ndim, ts[i].ne, err))) goto done;
         size_t n = (size_t)tinfo_nelem(&ts[i]);
         if (n > max_n) max_n = n;
@@ -956,7 +999,7 @@ td_status td_export_gguf(const char *path, const td_model_config *cfg, const td_
     if ((st = td_gguf_w_begin(w, path, err))) goto done;
     for (int i = 0; i < nt; i++) {
         const tinfo *t = &ts[i];
-        td_dtype ty = tensor_type(p->type, t->ndim, t->ne[1]);
+        td_dtype ty = pick_type((int)p->type, t->gguf, t->ndim, t->ne[1], cfg->n_layers, has_output);
         if ((st = fetch(get, ctx, t, buf, err))) goto done;
         int64_t rows = t->ndim == 2 ? t->ne[0] : 1, cols = t->ndim == 2 ? t->ne[1] : t->ne[0];
         size_t rb = td_row_bytes(ty, cols);
@@ -1065,7 +1108,8 @@ static td_status copy_kv(td_gguf_writer *w, const td_gguf *g, int64_t i, uint32_
 
 td_status td_export_requantize(const char *in, const char *out, td_dtype type, bool *was_quantized, td_err *err) {
     if (was_quantized) *was_quantized = false;
-    if ((unsigned)type >= TD_DTYPE_COUNT) return td_err_set(err, TD_ERR_INVALID, "requantize: unknown type %d", (int)type);
+    if ((unsigned)type >= TD_DTYPE_COUNT && (int)type != TD_EXPORT_Q4_K_M)
+        return td_err_set(err, TD_ERR_INVALID, "requantize: unknown type %d", (int)type);
     td_gguf *g = NULL;
     td_status st = td_gguf_open(in, &g, err);
     if (st) return st;
@@ -1084,7 +1128,7 @@ td_status td_export_requantize(const char *in, const char *out, td_dtype type, b
     if (td_gguf_find_key(g, "general.file_type") < 0 &&
         (st = td_gguf_w_u32(w, "general.file_type", td_export_file_type(type), err)))
         goto done;
-    if ((type == TD_Q8_0 || type == TD_Q4_0) && td_gguf_find_key(g, "general.quantization_version") < 0 &&
+    if (is_quantized_type((int)type) && td_gguf_find_key(g, "general.quantization_version") < 0 &&
         (st = td_gguf_w_u32(w, "general.quantization_version", 2, err)))
         goto done;
     if (td_gguf_find_key(g, "general.alignment") < 0 &&
@@ -1092,6 +1136,14 @@ td_status td_export_requantize(const char *in, const char *out, td_dtype type, b
         goto done;
     int64_t max_cols = 1;
     size_t max_rb = 1;
+    // Q4_K_M's per-layer choices: the layer count is the number of attn_v tensors (llama.cpp counts
+    // them the same way); tied embeddings: no output.weight.
+    int n_layers = 0, has_output = 0;
+    for (int64_t i = 0; i < nt; i++) {
+        td_gguf_str ns = td_gguf_tensor_name(g, i);
+        n_layers += ns.len >= 13 && !memcmp(ns.ptr + ns.len - 13, "attn_v.weight", 13);
+        has_output |= ns.len == 13 && !memcmp(ns.ptr, "output.weight", 13);
+    }
     for (int64_t i = 0; i < nt; i++) {
         td_gguf_str ns = td_gguf_tensor_name(g, i);
         char name[512];
@@ -1102,12 +1154,12 @@ td_status td_export_requantize(const char *in, const char *out, td_dtype type, b
         memcpy(name, ns.ptr, ns.len);
         name[ns.len] = 0;
         if ((st = td_gguf_get_tensor(g, name, &ts[i], err))) goto done;
-        if (ts[i].type == TD_Q8_0 || ts[i].type == TD_Q4_0) {
+        if (is_quantized_type((int)ts[i].type)) {
             if (was_quantized) *was_quantized = true;
         }
         int64_t cols = ts[i].ne[ts[i].ndim - 1];
         // Matrices (2-D and up) take the new type; vectors stay F32, as llama.cpp keeps them.
-        types[i] = tensor_type(type, ts[i].ndim >= 2 ? 2 : 1, cols);
+        types[i] = pick_type((int)type, name, ts[i].ndim >= 2 ? 2 : 1, cols, n_layers, has_output);
         if (cols > max_cols) max_cols = cols;
         if (td_row_bytes(types[i], cols) > max_rb) max_rb = td_row_bytes(types[i], cols);
         if ((st = td_gguf_w_tensor(w, name, td_export_ggml_type(types[i]), ts[i].ndim, ts[i].ne, err))) goto done;

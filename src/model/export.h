@@ -21,7 +21,8 @@
 typedef td_status (*td_export_get_fn)(void *ctx, const char *hf_name, float *dst, int64_t n, td_err *err);
 
 typedef struct td_export_params {
-    td_dtype type;       // HF: F32/F16/BF16. GGUF: also Q8_0/Q4_0 (2-D tensors; 1-D stay F32)
+    td_dtype type;       // HF: F32/F16/BF16. GGUF: also Q8_0/Q4_0/Q5_0/Q4_K/Q6_K or TD_EXPORT_Q4_K_M
+                         // (2-D tensors; 1-D stay F32)
     const char *tokenizer;  // directory with tokenizer.json (+ tokenizer_config.json), or the path of
                             // a tokenizer.json; NULL: no tokenizer files / metadata
     const char *name;    // GGUF general.name; NULL: "tandem"
@@ -76,10 +77,17 @@ td_status td_export_tokenizer_json(const struct td_gguf *g, const char *dir, int
 // NULL) tells whether the source held Q8_0/Q4_0 tensors (requantizing loses precision twice).
 td_status td_export_requantize(const char *in, const char *out, td_dtype type, bool *was_quantized, td_err *err);
 
+// Not a dtype: llama.cpp's Q4_K_M mix (Q4_K matrices; Q6_K for output.weight and for attn_v /
+// ffn_down in the layers llama.cpp's use_more_bits picks), accepted as td_export_params.type and by
+// td_export_requantize. Rows not a multiple of 256 fall back as llama.cpp's: Q4_K -> Q5_0, Q6_K ->
+// Q8_0 (-> F16 if not a multiple of 32 either).
+enum { TD_EXPORT_Q4_K_M = 100 };
+
 // llama.cpp's general.file_type (LLAMA_FTYPE_*) and ggml type number for a td_dtype.
 uint32_t td_export_file_type(td_dtype t);
 uint32_t td_export_ggml_type(td_dtype t);
-// Parses "f32", "f16", "bf16", "q8_0", "q4_0" (case-insensitive); -1 if unknown.
+// Parses "f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q6_k" (case-insensitive), or "q4_k_m"
+// (TD_EXPORT_Q4_K_M); -1 if unknown.
 int td_export_parse_type(const char *s);
 
 #endif

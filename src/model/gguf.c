@@ -86,6 +86,9 @@ static int ggml_to_dtype(uint32_t t) {
     case TD_GGML_BF16: return TD_BF16;
     case TD_GGML_Q8_0: return TD_Q8_0;
     case TD_GGML_Q4_0: return TD_Q4_0;
+    case TD_GGML_Q5_0: return TD_Q5_0;
+    case TD_GGML_Q4_K: return TD_Q4_K;
+    case TD_GGML_Q6_K: return TD_Q6_K;
     default: return -1;
     }
 }
@@ -660,7 +663,7 @@ td_status td_gguf_get_tensor(const td_gguf *g, const char *name, td_tensor *out,
     int dt = ggml_to_dtype(t->type);
     if (dt < 0)
         return td_err_set(err, TD_ERR_UNSUPPORTED,
-                          "%s: tensor %s has ggml type %s (%u), not supported (F32, F16, BF16, Q8_0, Q4_0)",
+                          "%s: tensor %s has ggml type %s (%u), not supported (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K)",
                           g->what, name, td_ggml_type_name(t->type), t->type);
     out->type = (td_dtype)dt;
     int nd = t->n_dims ? (int)t->n_dims : 1;  // a 0-dim scalar becomes [1]

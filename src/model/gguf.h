@@ -75,11 +75,12 @@ uint32_t td_gguf_tensor_ggml_type(const td_gguf *g, int64_t i);
 // (metadata stays readable); requesting such a tensor fails as below.
 // Looks a tensor up by name and fills a view with its shape outermost-first (GGUF's ne reversed).
 // TD_ERR_NOT_FOUND if absent; TD_ERR_UNSUPPORTED naming the ggml type if it is not one of
-// F32, F16, BF16, Q8_0, Q4_0.
+// F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K.
 td_status td_gguf_get_tensor(const td_gguf *g, const char *name, td_tensor *out, td_err *err);
 
 // ggml type numbers for the supported types and a name for any type number.
 enum { TD_GGML_F32 = 0, TD_GGML_F16 = 1, TD_GGML_Q4_0 = 2, TD_GGML_Q8_0 = 8, TD_GGML_BF16 = 30 };
+enum { TD_GGML_Q5_0 = 6, TD_GGML_Q4_K = 12, TD_GGML_Q6_K = 14 };
 const char *td_ggml_type_name(uint32_t ggml_type);
 
 #endif

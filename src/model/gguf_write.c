@@ -145,6 +145,9 @@ static int ggml_dtype(uint32_t gt, td_dtype *d) {
     case TD_GGML_BF16: *d = TD_BF16; return 1;
     case TD_GGML_Q8_0: *d = TD_Q8_0; return 1;
     case TD_GGML_Q4_0: *d = TD_Q4_0; return 1;
+    case TD_GGML_Q5_0: *d = TD_Q5_0; return 1;
+    case TD_GGML_Q4_K: *d = TD_Q4_K; return 1;
+    case TD_GGML_Q6_K: *d = TD_Q6_K; return 1;
     default: return 0;
     }
 }

@@ -3,6 +3,14 @@
 //   Q8_0: { f16 d; int8 q[32]; }                 x = d * q
 //   Q4_0: { f16 d; uint8 qs[16]; }               x = d * (nibble - 8); element j < 16 is the low
 //                                                nibble of qs[j], element j + 16 the high nibble.
+//   Q5_0: { f16 d; uint8 qh[4]; uint8 qs[16]; }  x = d * (q - 16), q = Q4_0's nibble + 16 * bit j of
+//                                                the little-endian uint32 qh (element j, 0..31).
+// k-quants (ggml's, QK_K = 256 elements per super-block; rows must be a multiple of 256):
+//   Q4_K: { f16 d, dmin; uint8 scales[12]; uint8 qs[128]; }  8 sub-blocks of 32 with a 6-bit scale
+//         sc and min m each (td_q4_k_scale_min); x = (d*sc) * q - (dmin*m), q a nibble; the 64
+//         elements of group g are the low (0..31) then high (32..63) nibbles of qs[32g .. 32g+31].
+//   Q6_K: { uint8 ql[128]; uint8 qh[64]; int8 scales[16]; f16 d; }  16 sub-blocks of 16;
+//         x = (d*scales[e/16]) * (q - 32), q = 4 bits of ql + 2 bits of qh (see td_to_f32).
 #ifndef TD_TENSOR_DTYPE_H
 #define TD_TENSOR_DTYPE_H
 
@@ -16,6 +24,9 @@ typedef enum td_dtype {
     TD_BF16,
     TD_Q8_0,
     TD_Q4_0,
+    TD_Q4_K,
+    TD_Q6_K,
+    TD_Q5_0,  // after the k-quants: the values of older types are kept
     TD_DTYPE_COUNT,
 } td_dtype;
 
@@ -31,8 +42,55 @@ typedef struct {
     uint8_t qs[TD_QK / 2];
 } td_block_q4_0;  // 18 bytes
 
+#define TD_QK_K 256  // elements per k-quant super-block
+
+typedef struct {
+    uint16_t d, dmin;     // f16 super-block scales of the sub-block scales and mins
+    uint8_t scales[12];   // 8 x (6-bit scale, 6-bit min), packed (td_q4_k_scale_min)
+    uint8_t qs[TD_QK_K / 2];
+} td_block_q4_k;  // 144 bytes
+
+typedef struct {
+    uint8_t ql[TD_QK_K / 2];   // low 4 bits
+    uint8_t qh[TD_QK_K / 4];   // high 2 bits
+    int8_t scales[TD_QK_K / 16];
+    uint16_t d;                // f16
+} td_block_q6_k;  // 210 bytes
+
+typedef struct {
+    uint16_t d;  // f16 scale
+    uint8_t qh[4];  // fifth bits, element j = bit j of the little-endian uint32
+    uint8_t qs[TD_QK / 2];
+} td_block_q5_0;  // 22 bytes
+
 _Static_assert(sizeof(td_block_q8_0) == 34, "q8_0 block layout");
+_Static_assert(sizeof(td_block_q5_0) == 22, "q5_0 block layout");
 _Static_assert(sizeof(td_block_q4_0) == 18, "q4_0 block layout");
+_Static_assert(sizeof(td_block_q4_k) == 144, "q4_k block layout");
+_Static_assert(sizeof(td_block_q6_k) == 210, "q6_k block layout");
+
+// Sub-block j (0..7) of a Q4_K super-block: its 6-bit scale and min from the packed scales[12]
+// (j < 4: low 6 bits of bytes j and j+4; j >= 4: a nibble of byte j+4 plus the top 2 bits of
+// bytes j-4 (scale) and j (min)), as ggml packs them.
+static inline void td_q4_k_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+// The 6-bit value q (0..63) of element e (0..255) of a Q6_K super-block: e = 128h + 32k + l takes
+// nibble k>>1 of ql[64h + 32(k&1) + l] and bits 2k, 2k+1 of qh[32h + l].
+static inline int td_q6_k_get(const td_block_q6_k *b, int e) {
+    const int h = e / 128, k = (e / 32) % 4, l = e % 32;
+    return ((b->ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 0xF) | (((b->qh[32 * h + l] >> (2 * k)) & 3) << 4);
+}
+
+// 1 for the k-quant types (blocks of TD_QK_K).
+static inline int td_dtype_is_k(td_dtype t) { return t == TD_Q4_K || t == TD_Q6_K; }
 
 const char *td_dtype_name(td_dtype t);
 int td_dtype_block(td_dtype t);         // elements per block (1 for float types)
@@ -43,7 +101,8 @@ size_t td_row_bytes(td_dtype t, int64_t n);
 // Dequantizes/converts n elements (n a multiple of the block size) of type t at src into y.
 void td_to_f32(td_dtype t, const void *src, float *y, int64_t n);
 // Converts/quantizes n f32 values into type t (round-to-nearest-even for bf16/f16; GGUF's
-// reference quantizers for Q8_0 and Q4_0).
+// reference quantizers for Q8_0, Q4_0 and Q5_0; for Q4_K/Q6_K a per-sub-block least-squares search of
+// scale (and min), not llama.cpp's exact make_qkx2_quants: see docs/formats.md for its error).
 void td_from_f32(td_dtype t, const float *x, void *dst, int64_t n);
 
 static inline float td_bf16_to_f32(uint16_t h) {

@@ -7,6 +7,9 @@ and saves the log-softmax of every position for a few prompts plus a greedy cont
 Files whose matmul weights are Q8_0, Q4_0 or BF16 also get an "act" oracle: the same weights with
 the activations in front of those matmuls rounded as tandem's avx512-int8 kernels (and llama.cpp)
 round them (int8 per 32-block for Q8_0/Q4_0, bf16 for BF16; model_ref.act_q8 / act_bf16).
+Two more variants with inner dimensions that are multiples of 256 (llamak, qwen3k; KQ_VARIANTS) get
+an F32 GGUF and a Q4_K_M GGUF (llama.cpp's mix of Q4_K and Q6_K, with its fallbacks for rows that
+are not a multiple of 256), whose "act" oracle rounds activations per 256 as ggml's Q8_K (act_q8k).
 It is not a converter: the GGUF layout is written here by hand following llama.cpp's conventions.
 
 Usage: /usr/bin/python3 tests/reference/make_models.py [--out DIR]
@@ -64,13 +67,50 @@ VARIANTS = {
 GGUF_TYPES = {"f32": G.GGML_F32, "f16": G.GGML_F16, "bf16": G.GGML_BF16, "q8_0": G.GGML_Q8_0,
               "q4_0": G.GGML_Q4_0}
 GGUF_TYPE_NAMES = {v: k.upper() for k, v in GGUF_TYPES.items()}
+GGUF_TYPE_NAMES.update({G.GGML_Q4_K: "Q4_K", G.GGML_Q6_K: "Q6_K", G.GGML_Q5_0: "Q5_0"})
 # Activation rounding that tandem's avx512-int8 kernels apply in front of a matmul, by weight type.
-ACT_BY_TYPE = {"Q8_0": "q8", "Q4_0": "q8", "BF16": "bf16"}
+ACT_BY_TYPE = {"Q8_0": "q8", "Q4_0": "q8", "Q5_0": "q8", "BF16": "bf16", "Q4_K": "q8k", "Q6_K": "q8k"}
+
+# k-quant variants: every inner dimension a multiple of 256 except llamak's ffn (544), so that its
+# ffn_down rows exercise the Q4_K -> Q5_0 and Q6_K -> Q8_0 fallbacks. llamak has an output.weight
+# (Q6_K), qwen3k ties it to token_embd (then Q6_K). Layers: use_more_bits picks layer 1 of 2 and
+# layer 2 of 3.
+KQ_VARIANTS = {
+    "llamak": dict(seed=3141, model_type="llama", arch="LlamaForCausalLM", gguf_arch="llama", hidden=256,
+                   layers=2, heads=4, kv=2, head_dim=64, ffn=544, eps=1e-5, theta=10000.0,
+                   tie=False, bias=False, qk_norm=False, rope_scaling=None),
+    "qwen3k": dict(seed=2718, model_type="qwen3", arch="Qwen3ForCausalLM", gguf_arch="qwen3", hidden=256,
+                   layers=3, heads=4, kv=2, head_dim=64, ffn=768, eps=1e-6, theta=1000000.0,
+                   tie=True, bias=False, qk_norm=True, rope_scaling=None),
+}
+
+
+def use_more_bits(i_layer, n_layers):
+    """llama.cpp's choice of the attn_v / ffn_down layers that get Q6_K in a Q4_K_M file."""
+    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+
+
+def q4_k_m_type(gname, ndim, cols, n_layers, has_output):
+    """The ggml type llama.cpp's Q4_K_M recipe gives GGUF tensor gname (dense models): 1-D F32;
+    output.weight (or token_embd.weight when the head is tied) Q6_K; attn_v and ffn_down Q6_K in
+    the use_more_bits layers; every other matrix Q4_K. Rows that are not a multiple of 256 fall
+    back as in llama.cpp: Q6_K -> Q8_0, Q4_K -> Q5_0."""
+    if ndim != 2:
+        return G.GGML_F32
+    t = G.GGML_Q4_K
+    if gname == "output.weight" or (not has_output and gname == "token_embd.weight"):
+        t = G.GGML_Q6_K
+    elif "attn_v.weight" in gname or "ffn_down" in gname:
+        if use_more_bits(int(gname.split(".")[1]), n_layers):
+            t = G.GGML_Q6_K
+    if cols % G.QK_K:
+        t = G.GGML_Q8_0 if t == G.GGML_Q6_K else G.GGML_Q5_0
+    return t
 # The matmul weights of a model (HF names; a tied head multiplies by the embedding table).
 MATMUL_SUFFIXES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
                    "gate_proj.weight", "up_proj.weight", "down_proj.weight")
 # llama.cpp's LLAMA_FTYPE values for general.file_type
-FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
+FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32, "q4_k_m": 15}
 
 
 def ref_config(v):
@@ -294,10 +334,15 @@ def write_gguf(path, name, v, c: RefConfig, tok, w, ftype, types=None):
     g.add("tokenizer.ggml.add_bos_token", G.T_BOOL, True)
     g.add("tokenizer.chat_template", G.T_STRING, tok.CHAT_TEMPLATE)
 
-    qtype = GGUF_TYPES[ftype]
+    qtype = GGUF_TYPES.get(ftype)
     stored = {}
-    for gname, hname, a, nh in gguf_tensors(v, c, w):
-        t = qtype if a.ndim == 2 else G.GGML_F32  # 1-D tensors stay F32, as llama.cpp writes them
+    tensors = gguf_tensors(v, c, w)
+    has_output = any(t[0] == "output.weight" for t in tensors)
+    for gname, hname, a, nh in tensors:
+        if ftype == "q4_k_m":
+            t = q4_k_m_type(gname, a.ndim, a.shape[-1], c.n_layers, has_output)
+        else:
+            t = qtype if a.ndim == 2 else G.GGML_F32  # 1-D tensors stay F32, as llama.cpp writes them
         raw = g.add_tensor(gname, a, t)
         if types is not None:
             types[hname] = GGUF_TYPE_NAMES[t]
@@ -439,6 +484,13 @@ def main():
             fn, ty = f"{name}-{ft}.gguf", {}
             add(fn, name, fn, "gguf", ft.upper(), c,
                 write_gguf(os.path.join(out, fn), name, v, c, tok, w, ft, types=ty), ty)
+    for name, v in KQ_VARIANTS.items():
+        c = ref_config(v)
+        w = random_weights(c, v["seed"])
+        for ft in ("f32", "q4_k_m"):
+            fn, ty = f"{name}-{ft}.gguf", {}
+            add(fn, name, fn, "gguf", ft.upper(), c,
+                write_gguf(os.path.join(out, fn), name, v, c, tok, w, ft, types=ty), ty)
 
     index = {
         "version": FORMAT_VERSION,
@@ -449,10 +501,11 @@ def main():
         "eos_id": tok.eos_id,
         "logprobs_layout": "raw little-endian float32 [n_tokens, vocab_size], row per position, "
                            "log_softmax of the logits at that position",
-        "act_semantics": "models[].act (Q8_0/Q4_0/BF16 matmul weights only): the same outputs with "
-                         "the input of every such matmul rounded as tandem's avx512-int8 kernels "
-                         "do: q8 = int8 per 32-element block with an f32 scale, bf16 = RNE to "
-                         "bfloat16 (tests/reference/model_ref.py act_q8, act_bf16)",
+        "act_semantics": "models[].act (Q8_0/Q4_0/Q5_0/Q4_K/Q6_K/BF16 matmul weights only): the same outputs "
+                         "with the input of every such matmul rounded as tandem's avx512-int8 kernels "
+                         "do: q8 = int8 per 32-element block with an f32 scale (Q8_0/Q4_0/Q5_0), q8k = "
+                         "int8 per 256-element block as ggml's Q8_K (Q4_K/Q6_K), bf16 = RNE to "
+                         "bfloat16 (tests/reference/model_ref.py act_q8, act_q8k, act_bf16)",
         "prompts": prompts,
         "greedy_prompt_text": GREEDY_TEXT,
         "greedy_prompt": greedy_prompt,

@@ -111,12 +111,29 @@ def act_q8(x: torch.Tensor) -> torch.Tensor:
     return (q.to(DTYPE) * dx.to(DTYPE)).reshape(shape)
 
 
+def act_q8k(x: torch.Tensor) -> torch.Tensor:
+    """x: (..., n), n a multiple of 256 -> the values a Q8_K-quantized activation row stands for
+    (in front of Q4_K / Q6_K matmuls). Per 256-element block, in float32: amax = max|x|, iscale =
+    127 / amax, q = min(127, round_half_even(x * iscale)), d = 1 / iscale; the block means d * q.
+    (ggml takes iscale = -127 / the largest-magnitude element: q and d both change sign, d * q not.)"""
+    shape = x.shape
+    b = x.to(torch.float32).reshape(*shape[:-1], shape[-1] // 256, 256)
+    amax = b.abs().amax(dim=-1, keepdim=True)
+    pos = amax > 0
+    one = torch.tensor(1.0, dtype=torch.float32)
+    iscale = torch.where(pos, torch.tensor(127.0, dtype=torch.float32) / torch.where(pos, amax, one),
+                         torch.zeros_like(amax))
+    q = torch.clamp(torch.round(b * iscale), max=127.0)
+    d = torch.where(pos, one / torch.where(pos, iscale, one), torch.zeros_like(amax))
+    return (q.to(DTYPE) * d.to(DTYPE)).reshape(shape)
+
+
 def act_bf16(x: torch.Tensor) -> torch.Tensor:
     """x rounded to float32, then to bfloat16 (round to nearest even), as vcvtne2ps2bf16 does."""
     return x.to(torch.float32).to(torch.bfloat16).to(DTYPE)
 
 
-ACT_ROUND = {"q8": act_q8, "bf16": act_bf16}
+ACT_ROUND = {"q8": act_q8, "q8k": act_q8k, "bf16": act_bf16}
 
 
 class RefModel:

@@ -65,7 +65,7 @@ static float *mm_run(const td_kernels *k, const mm_case *c, const float *x, int 
 }
 
 // Which error the variant may add on top of f32 reordering.
-enum { EXACT, ACT_INT8, ACT_BF16 };
+enum { EXACT, ACT_INT8, ACT_BF16, ACT_Q8K };
 
 // Checks y (variant) against yr (ref) pair by pair. Bounds, with m = sum_i |w_i x_i|:
 //  - both sides sum in f32 with chains of at most n_in/8 + 16 additions: |y - yr| <= 2 (n_in/8 + 16) eps m
@@ -73,16 +73,18 @@ enum { EXACT, ACT_INT8, ACT_BF16 };
 //  - ACT_INT8: each activation block is replaced by dx * round(x / dx), dx = max|x_block| / 127, an
 //    error of at most dx/2 per element, so |dy| <= sum_blocks dx_b / 2 * sum_{i in b} |w_i| (+1%
 //    for the f32 rounding of dx and x / dx);
-//  - ACT_BF16: activations rounded to bf16 (8 significant bits): |dy| <= 2^-9 m.
+//  - ACT_BF16: activations rounded to bf16 (8 significant bits): |dy| <= 2^-9 m;
+//  - ACT_Q8K (Q4_K/Q6_K weights): as ACT_INT8 with 256-element blocks (ggml's Q8_K).
 static void mm_check(const char *set, const mm_case *c, const float *y, const float *yr, int kind, const char *what) {
     double worst = 0;  // error / bound
     for (int t = 0; t < c->n_tok; t++)
         for (int r = 0; r < c->n_out; r++) {
             const float *w = c->wd + (size_t)r * c->n_in, *x = c->x + (size_t)t * c->n_in;
             double m = 0, q = 0;
-            for (int b0 = 0; b0 < c->n_in; b0 += 32) {
+            const int qb = kind == ACT_Q8K ? 256 : 32;
+            for (int b0 = 0; b0 < c->n_in; b0 += qb) {
                 double amax = 0, sw = 0;
-                for (int i = b0; i < b0 + 32 && i < c->n_in; i++) {
+                for (int i = b0; i < b0 + qb && i < c->n_in; i++) {
                     m += fabs((double)w[i] * x[i]);
                     amax = fmax(amax, fabs(x[i]));
                     sw += fabs(w[i]);
@@ -90,7 +92,7 @@ static void mm_check(const char *set, const mm_case *c, const float *y, const fl
                 q += amax / 127.0 / 2.0 * sw;
             }
             double bound = 2.0 * (c->n_in / 8.0 + 16.0) * EPS * (m + (c->bias ? fabs(c->bias[r]) : 0)) + 1e-30;
-            if (kind == ACT_INT8) bound += 1.01 * q;
+            if (kind == ACT_INT8 || kind == ACT_Q8K) bound += 1.01 * q;
             if (kind == ACT_BF16) bound += m / 512.0;
             const double e = fabs((double)y[(size_t)t * c->n_out + r] - yr[(size_t)t * c->n_out + r]) / bound;
             if (!(e <= worst)) worst = e;  // NaN counts as a failure
@@ -101,10 +103,21 @@ static void mm_check(const char *set, const mm_case *c, const float *y, const fl
 
 // The activations the low-precision paths actually multiply, emulated here from their definition:
 // ACT_INT8: per 32-element block dx = amax / 127, q = round-half-even(x * (127 / amax)) in f32, x' = dx q;
-// ACT_BF16: x rounded to bf16 (nearest even).
+// ACT_BF16: x rounded to bf16 (nearest even); ACT_Q8K (ggml's quantize_row_q8_K_ref, up to the
+// sign of the scale, which does not change d q): per 256 elements iscale = 127 / amax, q =
+// min(127, round-half-even(iscale x)), d = 1 / iscale, x' = d q.
 static float *emulate_x(const mm_case *c, int kind) {
     const size_t n = (size_t)c->n_tok * c->n_in;
     float *xe = malloc(n * sizeof *xe);
+    if (kind == ACT_Q8K) {
+        for (size_t b0 = 0; b0 < n; b0 += 256) {
+            float amax = 0.0f;
+            for (size_t i = b0; i < b0 + 256; i++) amax = fmaxf(amax, fabsf(c->x[i]));
+            const float is = amax > 0.0f ? 127.0f / amax : 0.0f, d = amax > 0.0f ? 1.0f / is : 0.0f;
+            for (size_t i = b0; i < b0 + 256; i++) xe[i] = d * fminf(127.0f, nearbyintf(is * c->x[i]));
+        }
+        return xe;
+    }
     for (size_t b0 = 0; b0 < n; b0 += 32) {
         float amax = 0.0f;
         for (size_t i = b0; i < b0 + 32 && i < n; i++) amax = fmaxf(amax, fabsf(c->x[i]));
@@ -155,7 +168,7 @@ static void test_matmul(const td_kernels *k, td_dtype dt, int n_tok, int n_out, 
     float *y = mm_run(k, &c, c.x, n_tok, 3);
     int kind = EXACT;
     if (!strcmp(k->name, "avx512-int8"))
-        kind = (dt == TD_Q8_0 || dt == TD_Q4_0) ? ACT_INT8 : dt == TD_BF16 ? ACT_BF16 : EXACT;
+        kind = (dt == TD_Q8_0 || dt == TD_Q4_0 || dt == TD_Q5_0) ? ACT_INT8 : dt == TD_BF16 ? ACT_BF16 : td_dtype_is_k(dt) ? ACT_Q8K : EXACT;
     mm_check(k->name, &c, y, yr, kind, packed ? "packed vs ref" : "vs ref");
     if (kind != EXACT) {
         float *xe = emulate_x(&c, kind);
@@ -185,17 +198,17 @@ static void test_matmul(const td_kernels *k, td_dtype dt, int n_tok, int n_out, 
 }
 
 static void test_matmuls(const td_kernels *k) {
-    static const td_dtype dts[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0, TD_Q4_0};
-    static const struct { int tok, out, in_f, in_q, bias; } shapes[] = {
-        {1, 1, 17, 32, 0},      {1, 37, 100, 96, 1},   {3, 9, 31, 64, 1},    {5, 13, 4113, 4128, 0},
-        {9, 21, 48, 160, 1},    {1, 300, 4096, 4096, 0}, {17, 6, 777, 2080, 1}, {4, 8, 64, 4160, 0},
+    static const td_dtype dts[] = {TD_F32, TD_F16, TD_BF16, TD_Q8_0, TD_Q4_0, TD_Q5_0, TD_Q4_K, TD_Q6_K};
+    // in_k: k-quant rows (multiples of 256: 1, 3, 9, 17, 5, 16, 8 and 2 super-blocks)
+    static const struct { int tok, out, in_f, in_q, in_k, bias; } shapes[] = {
+        {1, 1, 17, 32, 256, 0},      {1, 37, 100, 96, 768, 1},   {3, 9, 31, 64, 2304, 1},    {5, 13, 4113, 4128, 4352, 0},
+        {9, 21, 48, 160, 1280, 1},    {1, 300, 4096, 4096, 4096, 0}, {17, 6, 777, 2080, 2048, 1}, {4, 8, 64, 4160, 512, 0},
     };
     for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-            const int q = dts[d] == TD_Q8_0 || dts[d] == TD_Q4_0;
-            for (int packed = 0; packed < 2; packed++)
-                test_matmul(k, dts[d], shapes[s].tok, shapes[s].out, q ? shapes[s].in_q : shapes[s].in_f, shapes[s].bias,
-                            packed);
+            const int q = dts[d] == TD_Q8_0 || dts[d] == TD_Q4_0 || dts[d] == TD_Q5_0;
+            const int n_in = td_dtype_is_k(dts[d]) ? shapes[s].in_k : q ? shapes[s].in_q : shapes[s].in_f;
+            for (int packed = 0; packed < 2; packed++) test_matmul(k, dts[d], shapes[s].tok, shapes[s].out, n_in, shapes[s].bias, packed);
         }
 }
 
@@ -354,7 +367,10 @@ int main(void) {
         if (!strcmp(k->name, "avx512-int8")) {
             report_int8_error(k, TD_Q8_0);
             report_int8_error(k, TD_Q4_0);
+            report_int8_error(k, TD_Q5_0);
             report_int8_error(k, TD_BF16);
+            report_int8_error(k, TD_Q4_K);
+            report_int8_error(k, TD_Q6_K);
         }
         const int ns[] = {1, 15, 17, 896, 4099};
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) test_rows(k, ns[i]);

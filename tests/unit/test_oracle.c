@@ -10,8 +10,8 @@
 // 33 files, any dtype), far inside TOL = 1e-4 for every dtype.
 //
 // The default set where the CPU has VNNI + AVX512-BF16, avx512-int8, rounds the activations in
-// front of Q8_0/Q4_0 matmuls to int8 per 32-element block and in front of BF16 matmuls to bf16, as
-// llama.cpp does. Those files are compared with the "act" oracle, which applies the same roundings
+// front of Q8_0/Q4_0 matmuls to int8 per 32-element block, in front of Q4_K/Q6_K matmuls to int8
+// per 256-element block (ggml's Q8_K), and in front of BF16 matmuls to bf16, as llama.cpp does. Those files are compared with the "act" oracle, which applies the same roundings
 // to its own activations in float32 (model_ref.act_q8 / act_bf16). Rounding is discontinuous: where
 // x * 127/amax lies within tandem's f32 noise (~1e-6 relative: up to ~1e-4 of a q step) of a .5,
 // or x of a bf16 midpoint,
@@ -49,6 +49,10 @@
 
 #define TOL 1e-4       // max |log-softmax difference|, exact sets, every dtype (see above)
 #define TOL_ACT 0.3    // the same, avx512-int8 against the activation-rounded oracle (see above)
+// ... for the Q4_K_M files: a flip moves an element by amax/127 of a 256-element block (larger
+// steps than per 32) on models with few, wide matmuls; measured worst 0.39 (qwen3k-q4_k_m, 22% of
+// rows within TOL of the rounded oracle, none of the dequantized one; exact sets: 1.4e-5).
+#define TOL_ACT_K 0.6
 #define MIN_AGREE 0.05 // avx512-int8: least fraction of a file's rows within TOL of that oracle
 #define MIN_AGREE_ALL 0.4  // ... and of all such files' rows together
 #define ACT_COST 1.0   // avx512-int8 against the dequantized oracle: documentation, not precision
@@ -292,8 +296,9 @@ static int load_refs(const char *dir, const char *name, const cJSON *lpf, const 
     return ok;
 }
 
-#define N_DTYPES 5
-static const char *const dtypes[N_DTYPES] = {"F32", "F16", "BF16", "Q8_0", "Q4_0"};
+// Q4_K_M: llama.cpp's mix (Q4_K, Q6_K, and Q4_0/Q8_0 fallbacks) on the two k-quant variants.
+#define N_DTYPES 6
+static const char *const dtypes[N_DTYPES] = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K_M"};
 
 // Worst differences per dtype (index into dtypes) over one pass.
 typedef struct {
@@ -353,7 +358,7 @@ static void check_model(const char *dir, const cJSON *m, const oracle_set *o, in
         float *logits = malloc(sizeof(float) * (size_t)total * o->vocab);
         model_result r = {0};
         double cost = 0;
-        expect e = {.ref = act ? rnd : deq, .alt = act ? deq : NULL, .tol = act ? TOL_ACT : TOL,
+        expect e = {.ref = act ? rnd : deq, .alt = act ? deq : NULL, .tol = act ? (di == 5 ? TOL_ACT_K : TOL_ACT) : TOL,
                     .alt_worst = &cost};
         r.batch = check_batch(fw, o, &e, logits, name);
         r.chunked = check_chunked(fw, o, &e, logits, name);
@@ -458,7 +463,8 @@ int main(void) {
         CHECK(agree >= MIN_AGREE_ALL * rows, "only %ld of %ld rows of Q8_0/Q4_0/BF16 files within %.0e of the "
               "rounded oracle", agree, rows, TOL);
     }
-    for (int i = 0; i < N_DTYPES; i++) CHECK(p1.counted[i] >= 5, "only %d %s model files ran", p1.counted[i], dtypes[i]);
+    for (int i = 0; i < N_DTYPES; i++)
+        CHECK(p1.counted[i] >= (i == 5 ? 2 : 5), "only %d %s model files ran", p1.counted[i], dtypes[i]);
 
     // Pass 2: the files pass 1 compared with the rounded oracle, on the best exact set, exactly.
     if (rounds) {
@@ -470,8 +476,9 @@ int main(void) {
         cJSON_ArrayForEach(m, models)
             if (cJSON_GetObjectItem(m, "act")) check_model(dir, m, &o, 0, &p2);
         print_stats(tk_exact_set(), &p2, TOL, 0);
-        CHECK(p2.counted[2] >= 5 && p2.counted[3] >= 5 && p2.counted[4] >= 5,
-              "exact pass ran %d BF16, %d Q8_0, %d Q4_0 files", p2.counted[2], p2.counted[3], p2.counted[4]);
+        CHECK(p2.counted[2] >= 5 && p2.counted[3] >= 5 && p2.counted[4] >= 5 && p2.counted[5] >= 2,
+              "exact pass ran %d BF16, %d Q8_0, %d Q4_0, %d Q4_K_M files", p2.counted[2], p2.counted[3],
+              p2.counted[4], p2.counted[5]);
         if (saved)
             setenv("TANDEM_KERNELS", keep, 1);
         else

@@ -54,6 +54,41 @@ INL __m256 load_w8(td_dtype dt, const uint8_t *row, int64_t i, int k) {
         const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->q + 8 * k)));
         return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d)), _mm256_cvtepi32_ps(q));
     }
+    case TD_Q5_0: {  // (q - 16) * d, q = nibble | fifth bit << 4; elements 0..15 low nibbles, 16..31 high
+        const td_block_q5_0 *b = (const td_block_q5_0 *)row + i / TD_QK;
+        uint32_t qh;
+        memcpy(&qh, b->qh, 4);
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * (k & 1))));
+        q = k < 2 ? _mm256_and_si256(q, _mm256_set1_epi32(15)) : _mm256_srli_epi32(q, 4);
+        // bit (8k + l) of qh for lane l: shift each lane's own bit down, keep it, move it to bit 4
+        const __m256i hb = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_set1_epi32((int)(qh >> (8 * k))), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+            _mm256_set1_epi32(1));
+        q = _mm256_sub_epi32(_mm256_or_si256(q, _mm256_slli_epi32(hb, 4)), _mm256_set1_epi32(16));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(_cvtsh_ss(b->d)));
+    }
+    case TD_Q4_K: {  // (d*sc) * q - dmin*m, one exact FMA (see td_to_f32)
+        const td_block_q4_k *b = (const td_block_q4_k *)row + i / TD_QK_K;
+        const int j = (int)(i % TD_QK_K) / 32;
+        uint8_t sc, m;
+        td_q4_k_scale_min(j, b->scales, &sc, &m);
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 32 * (j / 2) + 8 * k)));
+        if (j & 1) q = _mm256_srli_epi32(q, 4);
+        q = _mm256_and_si256(q, _mm256_set1_epi32(15));
+        return _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(b->d) * sc), _mm256_cvtepi32_ps(q),
+                               _mm256_set1_ps(-(_cvtsh_ss(b->dmin) * m)));
+    }
+    case TD_Q6_K: {  // element e = 128h + 32kk + l: see td_q6_k_get
+        const td_block_q6_k *b = (const td_block_q6_k *)row + i / TD_QK_K;
+        const int e = (int)(i % TD_QK_K), h = e / 128, kk = (e / 32) % 4;
+        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->ql + 64 * h + 32 * (kk & 1) + 8 * k)));
+        const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qh + 32 * h + 8 * k)));
+        const __m256i q = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srl_epi32(lo, _mm_cvtsi32_si128(4 * (kk >> 1))), _mm256_set1_epi32(15)),
+            _mm256_slli_epi32(_mm256_and_si256(_mm256_srl_epi32(hi, _mm_cvtsi32_si128(2 * kk)), _mm256_set1_epi32(3)), 4));
+        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(b->d) * b->scales[(e + 8 * k) / 16]),
+                             _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(32))));
+    }
     default: {  // TD_Q4_0: elements 0..15 are low nibbles of qs[0..15], 16..31 high nibbles
         const td_block_q4_0 *b = (const td_block_q4_0 *)row + i / TD_QK;
         const float df = _cvtsh_ss(b->d);
@@ -132,6 +167,9 @@ EXACT_TILES(f16, TD_F16, FR, FT)
 EXACT_TILES(bf16, TD_BF16, FR, FT)
 EXACT_TILES(q8, TD_Q8_0, QR, QT)
 EXACT_TILES(q4, TD_Q4_0, QR, QT)
+EXACT_TILES(q5, TD_Q5_0, QR, QT)
+EXACT_TILES(q4k, TD_Q4_K, QR, QT)
+EXACT_TILES(q6k, TD_Q6_K, QR, QT)
 
 // ---- attention: the reference's loop (64-key tiles, online softmax, expf per score) with 8-wide
 // FMA dots and axpys; f16 rows widened by vcvtph2ps, bf16 by a 16-bit shift (both exact), f32 as
@@ -219,6 +257,7 @@ static void attention(const td_attention_args *a, int ith, int nth) {
 
 static const td_x86_tiles *const tiles[TD_DTYPE_COUNT] = {
     [TD_F32] = &f32_tiles, [TD_F16] = &f16_tiles, [TD_BF16] = &bf16_tiles, [TD_Q8_0] = &q8_tiles, [TD_Q4_0] = &q4_tiles,
+    [TD_Q4_K] = &q4k_tiles, [TD_Q6_K] = &q6k_tiles, [TD_Q5_0] = &q5_tiles,
 };
 
 static void matmul(const td_matmul_args *a, int ith, int nth) { td_x86_run_tiles(a, ith, nth, tiles[a->w->type]); }

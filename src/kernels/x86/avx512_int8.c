@@ -1,5 +1,7 @@
 // AVX-512 low-precision-activation matmuls (the avx512-int8 set): Q8_0/Q4_0 weights against
 // activations quantized per 32-element block to int8 + f32 scale, integer dots with VNNI vpdpbusd;
+// Q4_K/Q6_K weights against activations quantized per 256 (ggml's Q8_K: f32 scale, int8, per-16 sums)
+// with integer dots scaled per sub-block (vpmaddubsw + vpmaddwd); Q5_0 as Q4_0 with a fifth bit;
 // BF16 weights with vdpbf16ps on bf16-rounded activations; other dtypes go to the exact path.
 // Compiled for AVX-512 + VNNI + BF16 (td_x86_has_avx512_int8). Batch-invariant as the exact path:
 // each (row, token) pair has one accumulator and a token's quantization depends only on it.
@@ -148,7 +150,9 @@ enum {
 };
 
 // Quantizes `np` pairs of one token's activations (elements from x, n_blocks blocks left in the row).
-static void quantize_pairs(const float *x, int64_t n_blocks, int np, int q4, xpair *out) {
+// kind: 0 Q8_0, 1 Q4_0, 2 Q5_0 (the weights' byte order and unsigned offset).
+static void quantize_pairs(const float *x, int64_t n_blocks, int np, int kind, xpair *out) {
+    const int q4 = kind != 0;  // Q4_0 and Q5_0 unpack alike
     for (int p = 0; p < np; p++, x += 64, n_blocks -= 2) {
         __m128i part[4];  // 16-byte quarters in element order: A lo, A hi, B lo, B hi
         float dx[2];
@@ -172,7 +176,7 @@ static void quantize_pairs(const float *x, int64_t n_blocks, int np, int q4, xpa
         const int order_q8[4] = {0, 1, 2, 3}, order_q4[4] = {0, 2, 1, 3};
         for (int k = 0; k < 4; k++)
             _mm_storeu_si128((__m128i *)(o->q + 16 * k), part[q4 ? order_q4[k] : order_q8[k]]);
-        const int32_t excess = q4 ? 8 : 128;
+        const int32_t excess = kind == 2 ? 16 : q4 ? 8 : 128;
         const __mmask16 lanes_b = q4 ? 0xF0F0 : 0xFF00;  // the int32 lanes that hold block B's sums
         _mm512_storeu_ps(o->d, _mm512_mask_blend_ps(lanes_b, _mm512_set1_ps(dx[0]), _mm512_set1_ps(dx[1])));
         const __m512i off = _mm512_mask_set1_epi32(_mm512_maskz_set1_epi32(1, -excess * sum[0]),
@@ -183,6 +187,7 @@ static void quantize_pairs(const float *x, int64_t n_blocks, int np, int q4, xpa
 
 static const td_block_q8_0 zero_q8;
 static const td_block_q4_0 zero_q4;
+static const td_block_q5_0 zero_q5;
 
 // Two f16 block scales spread over the int32 lanes of their blocks (lane l takes scale idx[l]).
 INL __m512 pair_scales(uint16_t da, uint16_t db, __m512i idx) {
@@ -191,8 +196,23 @@ INL __m512 pair_scales(uint16_t da, uint16_t db, __m512i idx) {
 }
 
 // A weight pair (blocks 2p, 2p + 1 of a row; B empty past the end) as unsigned bytes + scales.
-INL void load_wpair(int q4, const uint8_t *row, int64_t blk, int has_b, __m512i *wq, __m512 *wd) {
-    if (q4) {
+INL void load_wpair(int kind, const uint8_t *row, int64_t blk, int has_b, __m512i *wq, __m512 *wd) {
+    if (kind == 2) {  // Q5_0: as Q4_0 (q + 16 unsigned), the fifth bits OR-ed in by a byte mask
+        const td_block_q5_0 *a = (const td_block_q5_0 *)row + blk, *b = has_b ? a + 1 : &zero_q5;
+        const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a->qs)),
+                                                  _mm_loadu_si128((const __m128i *)b->qs), 1);
+        const __m512i vv = _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1);
+        uint32_t ha, hb;
+        memcpy(&ha, a->qh, 4);
+        memcpy(&hb, b->qh, 4);
+        // bytes: A 0..15 | B 0..15 | A 16..31 | B 16..31, as the nibbles
+        const uint64_t m = (uint64_t)(ha & 0xffff) | (uint64_t)(hb & 0xffff) << 16 | (uint64_t)(ha >> 16) << 32 |
+                           (uint64_t)(hb >> 16) << 48;
+        *wq = _mm512_or_si512(
+            _mm512_and_si512(_mm512_mask_srli_epi16(vv, (__mmask32)0xffff0000u, vv, 4), _mm512_set1_epi8(15)),
+            _mm512_maskz_set1_epi8((__mmask64)m, 16));
+        *wd = pair_scales(a->d, b->d, _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0));
+    } else if (kind) {
         const td_block_q4_0 *a = (const td_block_q4_0 *)row + blk, *b = has_b ? a + 1 : &zero_q4;
         const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a->qs)),
                                                   _mm_loadu_si128((const __m128i *)b->qs), 1);
@@ -211,7 +231,7 @@ INL void load_wpair(int q4, const uint8_t *row, int64_t blk, int has_b, __m512i 
 
 // acc[r][t] += sum over the chunk's pairs of (int dot + off) * dw * dx, per lane, in pair order.
 // One pair p of the tile (has_b: its second block exists; 0 only for the last pair of an odd row).
-INL void int8_step(int q4, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0, int p,
+INL void int8_step(int kind, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0, int p,
                    int has_b, size_t pf, __m512 acc[I8_BR][I8_BT]) {
     __m512i xq[I8_BT];
 TD_UNROLL
@@ -220,8 +240,9 @@ TD_UNROLL
     for (int r = 0; r < NR; r++) {
         __m512i wq;
         __m512 wd;
-        load_wpair(q4, w[r], blk0 + 2 * p, has_b, &wq, &wd);
-        if (pf) td_x86_prefetch((const char *)w[r] + pf + (blk0 + 2 * p) * (q4 ? 18 : 34), q4 ? 36 : 68);
+        load_wpair(kind, w[r], blk0 + 2 * p, has_b, &wq, &wd);
+        const int bb = kind == 2 ? 22 : kind ? 18 : 34;  // block bytes
+        if (pf) td_x86_prefetch((const char *)w[r] + pf + (blk0 + 2 * p) * bb, 2 * bb);
 TD_UNROLL
         for (int t = 0; t < NT; t++) {
             const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512(x[t][p].off), wq, xq[t]);
@@ -231,14 +252,14 @@ TD_UNROLL
 }
 
 // pf: bytes ahead to prefetch each row (0: none; rows already in L2).
-INL void int8_tile(int q4, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0,
+INL void int8_tile(int kind, int NR, int NT, const uint8_t *const *w, const xpair *const *x, int64_t blk0,
                    int np, int64_t n_blocks, size_t pf, __m512 acc[I8_BR][I8_BT]) {
     const int np_full = blk0 + 2 * (int64_t)np <= n_blocks ? np : np - 1;  // pairs with both blocks
-    for (int p = 0; p < np_full; p++) int8_step(q4, NR, NT, w, x, blk0, p, 1, pf, acc);
-    if (np_full < np) int8_step(q4, NR, NT, w, x, blk0, np_full, 0, pf, acc);
+    for (int p = 0; p < np_full; p++) int8_step(kind, NR, NT, w, x, blk0, p, 1, pf, acc);
+    if (np_full < np) int8_step(kind, NR, NT, w, x, blk0, np_full, 0, pf, acc);
 }
 
-INL void int8_matmul(int q4, int NR, int NT, const td_matmul_args *a, int ith, int nth) {
+INL void int8_matmul(int kind, int NR, int NT, const td_matmul_args *a, int ith, int nth) {
     const td_tensor *w = a->w;
     const int64_t n_out = w->ne[0], n_in = w->ne[1], n_blocks = n_in / TD_QK, n_pairs = (n_blocks + 1) / 2;
     const size_t rb = td_row_bytes(w->type, n_in);
@@ -258,7 +279,7 @@ INL void int8_matmul(int q4, int NR, int NT, const td_matmul_args *a, int ith, i
                 const xpair *x[I8_BT];
                 for (int t = 0; t < NT; t++) {
                     if (t < ntv)
-                        quantize_pairs(a->x + (size_t)(t0 + t) * n_in + p0 * 64, n_blocks - 2 * p0, np, q4, xbuf[t]);
+                        quantize_pairs(a->x + (size_t)(t0 + t) * n_in + p0 * 64, n_blocks - 2 * p0, np, kind, xbuf[t]);
                     x[t] = xbuf[t < ntv ? t : ntv - 1];
                 }
                 for (long r0 = b0; r0 < b1; r0 += NR) {
@@ -271,7 +292,7 @@ TD_UNROLL
                     for (int r = 0; r < NR; r++)
 TD_UNROLL
                         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
-                    int8_tile(q4, NR, NT, wr, x, 2 * p0, np, n_blocks, NT == 1 || t0 == 0 ? pf_ahead : 0, acc);
+                    int8_tile(kind, NR, NT, wr, x, 2 * p0, np, n_blocks, NT == 1 || t0 == 0 ? pf_ahead : 0, acc);
                     float sums[I8_BR * I8_BT];
                     td_x86_hsum_tile(&acc[0][0], I8_BT, NR, NT, sums);
                     for (int r = 0; r < nrv; r++)
@@ -290,6 +311,188 @@ static void q8_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_ma
 static void q8_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(0, I8_DR, 1, a, ith, nth); }
 static void q4_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, I8_PR, I8_PT, a, ith, nth); }
 static void q4_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(1, I8_DR, 1, a, ith, nth); }
+static void q5_int8_prefill(const td_matmul_args *a, int ith, int nth) { int8_matmul(2, I8_PR, I8_PT, a, ith, nth); }
+static void q5_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_matmul(2, I8_DR, 1, a, ith, nth); }
+
+// ---- k-quants (Q4_K, Q6_K weights) -------------------------------------------------------------
+
+// Activations per 256-element super-block as ggml's Q8_K: amax = max|x|, q = round-half-even(x *
+// (127 / amax)) (in f32), d = 1 / (127 / amax) (f32), so x ~ d q; bsums[b] = sum of q over elements
+// 16b .. 16b+15 (the min / offset terms then cost one vpmaddwd per super-block). ggml takes the
+// scale's sign from the largest element; d q is the same value either way.
+typedef struct {
+    int8_t q[TD_QK_K];
+    int16_t bsums[16];
+    float d;
+    float pad[7];  // 64-byte multiple
+} xblock_k;
+
+enum {
+    KQ_CHUNK = 8,  // super-blocks (2048 elements) of each token's activations quantized at a time
+};
+
+static void quantize_k(const float *x, int nb, xblock_k *out) {
+    for (int b = 0; b < nb; b++, x += TD_QK_K) {
+        __m512 m = _mm512_setzero_ps();
+        for (int i = 0; i < TD_QK_K; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+        const float amax = _mm512_reduce_max_ps(m);
+        xblock_k *o = &out[b];
+        if (amax == 0.0f) {
+            memset(o->q, 0, sizeof o->q);
+            memset(o->bsums, 0, sizeof o->bsums);
+            o->d = 0.0f;
+            continue;
+        }
+        const float iscale = 127.0f / amax;
+        o->d = 1.0f / iscale;
+        const __m512 is = _mm512_set1_ps(iscale);
+        for (int i = 0; i < TD_QK_K; i += 16) {
+            const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), is));
+            _mm_storeu_si128((__m128i *)(o->q + i), _mm512_cvtsepi32_epi8(v));
+            o->bsums[i / 16] = (int16_t)_mm512_reduce_add_epi32(v);
+        }
+    }
+}
+
+// A Q4_K super-block's 8 scales and 8 mins as 16 bytes (sc[0..7], m[0..7]), from the packing
+// of td_q4_k_scale_min, four at a time in 32-bit words.
+INL __m128i q4k_scales_mins(const uint8_t *s) {
+    uint32_t w[3], u[4];
+    memcpy(w, s, 12);
+    u[0] = w[0] & 0x3f3f3f3fu;                                                   // sc 0..3
+    u[1] = (w[2] & 0x0f0f0f0fu) | (((w[0] >> 6) & 0x03030303u) << 4);            // sc 4..7
+    u[2] = w[1] & 0x3f3f3f3fu;                                                   // m 0..3
+    u[3] = ((w[2] >> 4) & 0x0f0f0f0fu) | (((w[1] >> 6) & 0x03030303u) << 4);     // m 4..7
+    return _mm_loadu_si128((const __m128i *)u);
+}
+
+// acc[r][t] += dot(row r's super-block sb, token t's Q8_K block x[t][xi]) for the tile's rows.
+// Q4_K: sum_j sc_j d (q4 . q8)_j - dmin sum_j m_j (bsum_2j + bsum_2j+1), times the activation d;
+// Q6_K: d sum_b sc_b ((q6 . q8)_b - 32 bsum_b), times the activation d. Integer sums are exact.
+INL void kq_step(int q6, int NR, int NT, const uint8_t *const *w, const xblock_k *const *x, int64_t sb, int xi, size_t pf,
+                 __m512 acc[I8_BR][I8_BT]) {
+TD_UNROLL
+    for (int r = 0; r < NR; r++) {
+        __m512i wq[4], sc[4];
+        __m256i corr_w;  // int16 per 16-element group: Q4_K its sub-block's min; Q6_K its scale
+        float dw, dmw = 0.0f;
+        if (!q6) {
+            const td_block_q4_k *b = (const td_block_q4_k *)w[r] + sb;
+            if (pf) td_x86_prefetch((const char *)b + pf, (int)sizeof *b);
+            const __m256i sm = _mm256_cvtepu8_epi16(q4k_scales_mins(b->scales));  // 16 x int16
+            const __m512i sm2 = _mm512_castsi256_si512(sm);
+TD_UNROLL
+            for (int g = 0; g < 4; g++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * g));
+                const __m512i vv = _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1);
+                wq[g] = _mm512_and_si512(_mm512_mask_srli_epi16(vv, (__mmask32)0xffff0000u, vv, 4), _mm512_set1_epi8(15));
+                // int16 lane l (elements 2l, 2l+1 of the group) takes scale 2g + l/16
+                const __m512i idx = _mm512_mask_blend_epi16((__mmask32)0xffff0000u, _mm512_set1_epi16((short)(2 * g)),
+                                                            _mm512_set1_epi16((short)(2 * g + 1)));
+                sc[g] = _mm512_permutexvar_epi16(idx, sm2);
+            }
+            // lane b (elements 16b..16b+15) takes min b/2 (int16 lanes 8..15 of sm)
+            corr_w = _mm256_permutexvar_epi16(_mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), sm);
+            dw = td_f16_to_f32(b->d);
+            dmw = td_f16_to_f32(b->dmin);
+        } else {
+            const td_block_q6_k *b = (const td_block_q6_k *)w[r] + sb;
+            if (pf) td_x86_prefetch((const char *)b + pf, (int)sizeof *b);
+            corr_w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+            const __m512i s2 = _mm512_castsi256_si512(corr_w);
+TD_UNROLL
+            for (int c = 0; c < 4; c++) {  // elements 64c .. 64c+63: half h = c/2, nibble / bit pair s = c&1
+                const int h = c / 2, s = c & 1;
+                const __m512i lo = _mm512_loadu_si512(b->ql + 64 * h);
+                const __m256i hv = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+                __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(hv), hv, 1);
+                hh = _mm512_srli_epi16(hh, 4 * s);
+                hh = _mm512_mask_srli_epi16(hh, (__mmask32)0xffff0000u, hh, 2);  // second 32: the next bit pair
+                wq[c] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lo, 4 * s), _mm512_set1_epi8(15)),
+                                        _mm512_slli_epi16(_mm512_and_si512(hh, _mm512_set1_epi8(3)), 4));
+                // int16 lane l (elements 2l, 2l+1) takes scale 4c + l/8
+                const __m512i idx = _mm512_add_epi16(_mm512_set1_epi16((short)(4 * c)),
+                                                     _mm512_srli_epi16(_mm512_setr_epi32(
+                                                         0x00010000, 0x00030002, 0x00050004, 0x00070006, 0x00090008,
+                                                         0x000b000a, 0x000d000c, 0x000f000e, 0x00110010, 0x00130012,
+                                                         0x00150014, 0x00170016, 0x00190018, 0x001b001a, 0x001d001c,
+                                                         0x001f001e), 3));
+                sc[c] = _mm512_permutexvar_epi16(idx, s2);
+            }
+            dw = td_f16_to_f32(b->d);
+        }
+TD_UNROLL
+        for (int t = 0; t < NT; t++) {
+            const xblock_k *xb = &x[t][xi];
+            __m512i si = _mm512_setzero_si512();
+TD_UNROLL
+            for (int g = 0; g < 4; g++)
+                si = _mm512_add_epi32(si, _mm512_madd_epi16(_mm512_maddubs_epi16(wq[g], _mm512_load_si512(xb->q + 64 * g)), sc[g]));
+            const __m256i corr = _mm256_madd_epi16(_mm256_load_si256((const __m256i *)xb->bsums), corr_w);  // 8 x int32
+            if (q6) {
+                si = _mm512_sub_epi32(si, _mm512_zextsi256_si512(_mm256_slli_epi32(corr, 5)));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_set1_ps(dw * xb->d), acc[r][t]);
+            } else {
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_set1_ps(dw * xb->d), acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(corr)), _mm512_set1_ps(-dmw * xb->d),
+                                            acc[r][t]);
+            }
+        }
+    }
+}
+
+INL void kq_matmul(int q6, int NR, int NT, const td_matmul_args *a, int ith, int nth) {
+    const td_tensor *w = a->w;
+    const int64_t n_out = w->ne[0], n_in = w->ne[1], n_sb = n_in / TD_QK_K;
+    const size_t rb = td_row_bytes(w->type, n_in);
+    long lo, hi;
+    td_split((long)n_out, ith, nth, &lo, &hi);
+    long block = (long)(L2_BLOCK / rb) / NR * NR;
+    if (block < NR) block = NR;
+    if (a->n_tok <= NT) block = hi - lo;
+    xblock_k xbuf[I8_BT][KQ_CHUNK] __attribute__((aligned(64)));
+    const size_t pf_ahead = td_x86_prefetch_ahead(rb, NR);
+    for (long b0 = lo; b0 < hi; b0 += block) {
+        const long b1 = hi - b0 < block ? hi : b0 + block;
+        for (int t0 = 0; t0 < a->n_tok; t0 += NT) {
+            const int ntv = a->n_tok - t0 < NT ? a->n_tok - t0 : NT;
+            for (int64_t s0 = 0; s0 < n_sb; s0 += KQ_CHUNK) {
+                const int ns = n_sb - s0 < KQ_CHUNK ? (int)(n_sb - s0) : KQ_CHUNK;
+                const xblock_k *x[I8_BT];
+                for (int t = 0; t < NT; t++) {
+                    if (t < ntv) quantize_k(a->x + (size_t)(t0 + t) * n_in + s0 * TD_QK_K, ns, xbuf[t]);
+                    x[t] = xbuf[t < ntv ? t : ntv - 1];
+                }
+                const size_t pf = NT == 1 || t0 == 0 ? pf_ahead : 0;
+                for (long r0 = b0; r0 < b1; r0 += NR) {
+                    const int nrv = b1 - r0 < NR ? (int)(b1 - r0) : NR;
+                    const uint8_t *wr[I8_BR];
+                    for (int r = 0; r < NR; r++)
+                        wr[r] = (const uint8_t *)w->data + (size_t)(r0 + (r < nrv ? r : nrv - 1)) * rb;
+                    __m512 acc[I8_BR][I8_BT];
+TD_UNROLL
+                    for (int r = 0; r < NR; r++)
+TD_UNROLL
+                        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+                    for (int s = 0; s < ns; s++) kq_step(q6, NR, NT, wr, x, s0 + s, s, pf, acc);
+                    float sums[I8_BR * I8_BT];
+                    td_x86_hsum_tile(&acc[0][0], I8_BT, NR, NT, sums);
+                    for (int r = 0; r < nrv; r++)
+                        for (int t = 0; t < ntv; t++) {
+                            float *y = &a->y[(size_t)(t0 + t) * n_out + r0 + r];
+                            const float s = sums[r * NT + t];
+                            *y = s0 ? *y + s : (a->bias ? a->bias[r0 + r] : 0.0f) + s;
+                        }
+                }
+            }
+        }
+    }
+}
+
+static void q4k_int8_prefill(const td_matmul_args *a, int ith, int nth) { kq_matmul(0, I8_PR, I8_PT, a, ith, nth); }
+static void q4k_int8_decode(const td_matmul_args *a, int ith, int nth) { kq_matmul(0, I8_DR, 1, a, ith, nth); }
+static void q6k_int8_prefill(const td_matmul_args *a, int ith, int nth) { kq_matmul(1, I8_PR, I8_PT, a, ith, nth); }
+static void q6k_int8_decode(const td_matmul_args *a, int ith, int nth) { kq_matmul(1, I8_DR, 1, a, ith, nth); }
 
 void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth) {
     if (a->w->packing == TD_PACK_VNNI16 && a->w->packed) {
@@ -298,8 +501,11 @@ void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth) {
     }
     const int decode = a->n_tok == 1;
     switch (a->w->type) {
+    case TD_Q4_K: (decode ? q4k_int8_decode : q4k_int8_prefill)(a, ith, nth); break;
+    case TD_Q6_K: (decode ? q6k_int8_decode : q6k_int8_prefill)(a, ith, nth); break;
     case TD_Q8_0: (decode ? q8_int8_decode : q8_int8_prefill)(a, ith, nth); break;
     case TD_Q4_0: (decode ? q4_int8_decode : q4_int8_prefill)(a, ith, nth); break;
+    case TD_Q5_0: (decode ? q5_int8_decode : q5_int8_prefill)(a, ith, nth); break;
     case TD_BF16: (decode ? bf16x_decode : bf16x_prefill)(a, ith, nth); break;
     default: td_avx512_matmul(a, ith, nth); break;
     }

@@ -58,6 +58,53 @@ INL void load_w32(td_dtype dt, const uint8_t *row, int64_t i, __mmask16 m0, __mm
         *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->q + 16)))));
         break;
     }
+    case TD_Q5_0: {  // (q - 16) * d, q = nibble | fifth bit << 4 (exact in f32, as td_to_f32)
+        const td_block_q5_0 *b = (const td_block_q5_0 *)row + i / TD_QK;
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)b->d));
+        uint32_t qh;
+        memcpy(&qh, b->qh, 4);
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
+        const __m512i h0 = _mm512_maskz_set1_epi32((__mmask16)(qh & 0xffff), 16);
+        const __m512i h1 = _mm512_maskz_set1_epi32((__mmask16)(qh >> 16), 16);
+        const __m512i c16 = _mm512_set1_epi32(16), f = _mm512_set1_epi32(15);
+        *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(q, f), h0), c16)), d);
+        *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(q, 4), h1), c16)), d);
+        break;
+    }
+    case TD_Q4_K: {  // sub-block j of a super-block: (d*sc) * q - dmin*m (one exact FMA), as td_to_f32
+        const td_block_q4_k *b = (const td_block_q4_k *)row + i / TD_QK_K;
+        const int j = (int)(i % TD_QK_K) / 32;
+        uint8_t sc, m;
+        td_q4_k_scale_min(j, b->scales, &sc, &m);
+        const __m512 d1 = _mm512_set1_ps(td_f16_to_f32(b->d) * sc), m1 = _mm512_set1_ps(-(td_f16_to_f32(b->dmin) * m));
+        const uint8_t *q = b->qs + 32 * (j / 2);
+        __m512i q0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+        __m512i q1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)));
+        if (j & 1) q0 = _mm512_srli_epi32(q0, 4), q1 = _mm512_srli_epi32(q1, 4);
+        q0 = _mm512_and_si512(q0, _mm512_set1_epi32(15));
+        q1 = _mm512_and_si512(q1, _mm512_set1_epi32(15));
+        *w0 = _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(q0), m1);
+        *w1 = _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(q1), m1);
+        break;
+    }
+    case TD_Q6_K: {  // elements e..e+31 (e = 128h + 32k): (d*sc) * (q - 32), two 16-element scales
+        const td_block_q6_k *b = (const td_block_q6_k *)row + i / TD_QK_K;
+        const int e = (int)(i % TD_QK_K), h = e / 128, k = (e / 32) % 4;
+        const float d = td_f16_to_f32(b->d);
+        const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b->ql + 64 * h + 32 * (k & 1))));
+        const __m512i lo1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b->ql + 64 * h + 32 * (k & 1) + 16)));
+        const __m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b->qh + 32 * h)));
+        const __m512i hi1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b->qh + 32 * h + 16)));
+        const __m512i f = _mm512_set1_epi32(15), t = _mm512_set1_epi32(3), c32 = _mm512_set1_epi32(32);
+        const __m128i sl = _mm_cvtsi32_si128(4 * (k >> 1)), sh = _mm_cvtsi32_si128(2 * k);
+        __m512i q0 = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi32(lo, sl), f),
+                                     _mm512_slli_epi32(_mm512_and_si512(_mm512_srl_epi32(hi, sh), t), 4));
+        __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srl_epi32(lo1, sl), f),
+                                     _mm512_slli_epi32(_mm512_and_si512(_mm512_srl_epi32(hi1, sh), t), 4));
+        *w0 = _mm512_mul_ps(_mm512_set1_ps(d * b->scales[e / 16]), _mm512_cvtepi32_ps(_mm512_sub_epi32(q0, c32)));
+        *w1 = _mm512_mul_ps(_mm512_set1_ps(d * b->scales[e / 16 + 1]), _mm512_cvtepi32_ps(_mm512_sub_epi32(q1, c32)));
+        break;
+    }
     default: {  // TD_Q4_0: a 16-entry table d * (k - 8), exact in f32, indexed by the nibbles
         const td_block_q4_0 *b = (const td_block_q4_0 *)row + i / TD_QK;
         const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)b->d));
@@ -76,6 +123,9 @@ INL size_t step_bytes(td_dtype dt, int64_t n) {
     case TD_F32: return (size_t)n * 4;
     case TD_F16: case TD_BF16: return (size_t)n * 2;
     case TD_Q8_0: return (size_t)n / TD_QK * sizeof(td_block_q8_0);
+    case TD_Q5_0: return (size_t)n / TD_QK * sizeof(td_block_q5_0);
+    case TD_Q4_K: return (size_t)n * sizeof(td_block_q4_k) / TD_QK_K;  // n a multiple of 32: for prefetching
+    case TD_Q6_K: return (size_t)n * sizeof(td_block_q6_k) / TD_QK_K;
     default: return (size_t)n / TD_QK * sizeof(td_block_q4_0);
     }
 }
@@ -139,9 +189,13 @@ EXACT_TILES(f16, TD_F16, 1024, DR_FLOAT)
 EXACT_TILES(bf16, TD_BF16, 1024, DR_FLOAT)
 EXACT_TILES(q8, TD_Q8_0, 0, DR)
 EXACT_TILES(q4, TD_Q4_0, 0, DR)
+EXACT_TILES(q5, TD_Q5_0, 0, DR)
+EXACT_TILES(q4k, TD_Q4_K, 0, DR)
+EXACT_TILES(q6k, TD_Q6_K, 0, DR)
 
 static const td_x86_tiles *const exact_tiles[TD_DTYPE_COUNT] = {
     [TD_F32] = &f32_tiles, [TD_F16] = &f16_tiles, [TD_BF16] = &bf16_tiles, [TD_Q8_0] = &q8_tiles, [TD_Q4_0] = &q4_tiles,
+    [TD_Q4_K] = &q4k_tiles, [TD_Q6_K] = &q6k_tiles, [TD_Q5_0] = &q5_tiles,
 };
 
 void td_avx512_matmul(const td_matmul_args *a, int ith, int nth) { td_x86_run_tiles(a, ith, nth, exact_tiles[a->w->type]); }
