@@ -15,6 +15,7 @@
 
 #include "base/file.h"
 #include "base/log.h"
+#include "base/threadpool.h"
 #include "model/gguf.h"
 #include "model/gguf_write.h"
 #include "model/safetensors_write.h"
@@ -1106,6 +1107,30 @@ static td_status copy_kv(td_gguf_writer *w, const td_gguf *g, int64_t i, uint32_
     return td_gguf_w_scalar(w, key, t, v, err);
 }
 
+// Rows [r0, r1) of one tensor, dequantized and requantized by the pool's workers (rows are
+// independent, so the bytes are those of a one-thread loop).
+typedef struct {
+    const td_tensor *t;
+    td_dtype to;
+    int64_t cols, r0, r1;
+    float *rows;  // [n_threads][cols] f32 scratch
+    uint8_t *enc; // [r1 - r0] encoded rows
+} requant_job;
+
+static void requant_task(void *job_, int ith, int nth) {
+    const requant_job *j = job_;
+    const size_t srb = td_row_bytes(j->t->type, j->cols), drb = td_row_bytes(j->to, j->cols);
+    float *row = j->rows + (size_t)ith * (size_t)j->cols;
+    long lo, hi;
+    td_split((long)(j->r1 - j->r0), ith, nth, &lo, &hi);
+    for (long r = lo; r < hi; r++) {
+        td_to_f32(j->t->type, (const uint8_t *)j->t->data + (size_t)(j->r0 + r) * srb, row, j->cols);
+        td_from_f32(j->to, row, j->enc + (size_t)r * drb, j->cols);
+    }
+}
+
+enum { REQUANT_CHUNK_BYTES = 16 << 20 };  // encoded bytes per parallel step (a bounded buffer)
+
 td_status td_export_requantize(const char *in, const char *out, td_dtype type, bool *was_quantized, td_err *err) {
     if (was_quantized) *was_quantized = false;
     if ((unsigned)type >= TD_DTYPE_COUNT && (int)type != TD_EXPORT_Q4_K_M)
@@ -1118,6 +1143,7 @@ td_status td_export_requantize(const char *in, const char *out, td_dtype type, b
     td_dtype *types = NULL;
     float *row = NULL;
     uint8_t *enc = NULL;
+    td_pool *pool = NULL;
     int64_t nt = td_gguf_n_tensors(g);
     if (!w || !(ts = calloc((size_t)nt + 1, sizeof *ts)) || !(types = calloc((size_t)nt + 1, sizeof *types))) {
         st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
@@ -1164,8 +1190,11 @@ td_status td_export_requantize(const char *in, const char *out, td_dtype type, b
         if (td_row_bytes(types[i], cols) > max_rb) max_rb = td_row_bytes(types[i], cols);
         if ((st = td_gguf_w_tensor(w, name, td_export_ggml_type(types[i]), ts[i].ndim, ts[i].ne, err))) goto done;
     }
-    row = malloc((size_t)max_cols * sizeof *row);
-    enc = malloc(max_rb);
+    pool = td_pool_create(0);  // all CPUs; NULL (no threads) runs the tasks inline
+    const int nth = pool ? td_pool_size(pool) : 1;
+    const size_t chunk_rows = REQUANT_CHUNK_BYTES / max_rb > 0 ? REQUANT_CHUNK_BYTES / max_rb : 1;
+    row = malloc((size_t)nth * (size_t)max_cols * sizeof *row);
+    enc = malloc(chunk_rows * max_rb);
     if (!row || !enc) {
         st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
         goto done;
@@ -1174,15 +1203,17 @@ td_status td_export_requantize(const char *in, const char *out, td_dtype type, b
     for (int64_t i = 0; i < nt; i++) {
         const td_tensor *t = &ts[i];
         int64_t cols = t->ne[t->ndim - 1], rows = td_tensor_nelem(t) / cols;
-        size_t srb = td_row_bytes(t->type, cols), drb = td_row_bytes(types[i], cols);
-        for (int64_t r = 0; r < rows; r++) {  // one row in f32 at a time
-            td_to_f32(t->type, (const uint8_t *)t->data + (size_t)r * srb, row, cols);
-            td_from_f32(types[i], row, enc, cols);
-            if ((st = td_gguf_w_data(w, enc, drb, err))) goto done;
+        size_t drb = td_row_bytes(types[i], cols);
+        for (int64_t r0 = 0; r0 < rows; r0 += (int64_t)chunk_rows) {
+            requant_job job = {t, types[i], cols, r0, rows - r0 < (int64_t)chunk_rows ? rows : r0 + (int64_t)chunk_rows,
+                               row, enc};
+            td_pool_run(pool, requant_task, &job);
+            if ((st = td_gguf_w_data(w, enc, drb * (size_t)(job.r1 - r0), err))) goto done;
         }
     }
     st = td_gguf_w_finish(w, err);
 done:
+    td_pool_free(pool);
     td_gguf_w_free(w);
     td_gguf_close(g);
     free(ts);
