@@ -958,6 +958,27 @@ static td_status gguf_hparams(td_gguf_writer *w, const td_model_config *c, const
     return TD_OK;
 }
 
+// Rows of one f32 tensor encoded by the pool's workers (row r from source row perm(r) when the
+// heads are permuted); the bytes are those of a one-thread loop.
+typedef struct {
+    const float *buf;
+    uint8_t *enc;
+    td_dtype to;
+    int64_t rows, cols;
+    int perm_heads;
+} encode_job;
+
+static void encode_task(void *job_, int ith, int nth) {
+    const encode_job *j = job_;
+    const size_t rb = td_row_bytes(j->to, j->cols);
+    long lo, hi;
+    td_split((long)j->rows, ith, nth, &lo, &hi);
+    for (long r = lo; r < hi; r++) {
+        const int64_t src = j->perm_heads ? perm_src_row(r, j->rows, j->perm_heads, 0) : r;
+        td_from_f32(j->to, j->buf + src * j->cols, j->enc + (size_t)r * rb, j->cols);
+    }
+}
+
 td_status td_export_gguf(const char *path, const td_model_config *cfg, const td_export_params *p,
                          td_export_get_fn get, void *ctx, td_err *err) {
     td_export_params dp = td_export_default_params();
@@ -971,6 +992,7 @@ td_status td_export_gguf(const char *path, const td_model_config *cfg, const td_
     tinfo *ts = calloc((size_t)n_tensors_max(cfg), sizeof *ts);
     float *buf = NULL;
     uint8_t *enc = NULL;
+    td_pool *pool = NULL;
     if (!w || !ts) {
         st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
         goto done;
@@ -993,6 +1015,7 @@ td_status td_export_gguf(const char *path, const td_model_config *cfg, const td_
     if (rope_freqs && (st = td_gguf_w_tensor(w, "rope_freqs.weight", TD_GGML_F32, 1, &half, err))) goto done;
     buf = malloc(max_n * sizeof *buf);
     enc = malloc(max_b > max_n * 4 ? max_b : max_n * 4);
+    pool = td_pool_create(0);  // all CPUs; NULL runs the encoding inline
     if (!buf || !enc) {
         st = td_err_set(err, TD_ERR_NOMEM, "out of memory for a %zu-element tensor", max_n);
         goto done;
@@ -1008,10 +1031,8 @@ td_status td_export_gguf(const char *path, const td_model_config *cfg, const td_
             float *o = (float *)enc;
             for (int64_t r = 0; r < cols; r++) o[r] = buf[perm_src_row(r, cols, t->perm_heads, 0)];
         } else {
-            for (int64_t r = 0; r < rows; r++) {
-                int64_t src = t->perm_heads ? perm_src_row(r, rows, t->perm_heads, 0) : r;
-                td_from_f32(ty, buf + src * cols, enc + (size_t)r * rb, cols);
-            }
+            encode_job job = {buf, enc, ty, rows, cols, t->perm_heads};
+            td_pool_run(pool, encode_task, &job);
         }
         if ((st = td_gguf_w_data(w, enc, rb * (size_t)rows, err))) goto done;
     }
@@ -1021,6 +1042,7 @@ td_status td_export_gguf(const char *path, const td_model_config *cfg, const td_
     }
     st = td_gguf_w_finish(w, err);
 done:
+    td_pool_free(pool);
     td_gguf_w_free(w);
     free(ts);
     free(buf);
