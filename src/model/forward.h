@@ -46,8 +46,10 @@ typedef struct td_batch {
 
 // Creates a forward for model m: checks every weight's shape and dtype, precomputes RoPE
 // frequencies, converts norms and biases to f32, and allocates the KV cache and all scratch once.
-// m must outlive the forward (its weights are read in place, not copied). On success *out is owned
-// by the caller (td_forward_free); on failure *out is NULL and nothing leaks.
+// m must outlive the forward. Its weights are read in place, except the matmul weights the kernel
+// set packs (docs/kernels.md, TANDEM_PACK): those are copied once here, so the model's weights must
+// not change while the forward lives. On success *out is owned by the caller (td_forward_free);
+// on failure *out is NULL and nothing leaks.
 td_status td_forward_create(const td_model *m, const td_forward_params *p, td_forward **out,
                             td_err *err);
 void td_forward_free(td_forward *f);  // NULL is fine
