@@ -124,13 +124,14 @@ typedef struct td_add_args {
 // forward asks for it once per matmul weight at start-up (pack_bytes, then pack into a buffer it
 // owns) and the set's matmul then reads `packed` instead of `data`; results are the same bits as
 // with any other batch size, but not those of the unpacked path.
-//   TD_PACK_VNNI16 (Q8_0, Q4_0, BF16; avx512-int8): groups of 16 output rows. BF16: for each pair
+//   TD_PACK_VNNI16 (Q8_0, Q4_0, Q5_0, BF16; avx512-int8): groups of 16 output rows. BF16: for each pair
 //   of elements (2k, 2k + 1; zero-padded) the 16 rows' pairs, 64 bytes. Q8_0/Q4_0: for each 32-element block
 //   the 16 rows' f16 scales, then the quants in VNNI order, 4 elements of the 16 rows per 64 bytes:
 //   Q8_0 bytes q + 128 (8 x 64 bytes); Q4_0 nibbles q (0..15), elements 8h..8h+3 of each row in the
 //   low nibbles and 8h+4..8h+7 in the high ones of the h-th 64 bytes (4 x 64 bytes). Per block:
 //   544 (Q8_0) or 288 (Q4_0) bytes, as 16 unpacked blocks; the last group is padded with zero
-//   scales, so a packed weight is at most 15 rows larger.
+//   scales, so a packed weight is at most 15 rows larger. Q5_0: Q4_0's layout (q & 15) followed by
+//   8 x 64-bit masks, one per 4-element group: bit 4 lane + j = the fifth bit of element j of row lane.
 enum { TD_PACK_NONE = 0, TD_PACK_VNNI16 = 1 };
 
 typedef struct td_kernels {

@@ -24,6 +24,7 @@ enum {
     GROUP = 16,                    // output rows per vector
     Q8_BLOCK = 16 * 2 + 8 * 64,    // bytes of a packed Q8_0 block of 16 rows (544)
     Q4_BLOCK = 16 * 2 + 4 * 64,    // ... Q4_0 (288)
+    Q5_BLOCK = Q4_BLOCK + 8 * 8,   // ... Q5_0: Q4_0's nibbles + the fifth bits as 8 64-bit lane masks (352)
     CHUNK = 128,                   // activation blocks quantized per token at a time (4096 elements)
     PR = 2, PT = 6,                // prefill tile: 2 groups x 6 tokens = 12 int32 + 12 f32 accumulators
     DR = 1,                        // decode: one group, one token: one sequential stream per thread
@@ -35,6 +36,8 @@ enum {
     BF_L2_BLOCK = 256 * 1024,      // ... for BF16 (as the unpacked bf16 tiles: in L2)
 };
 
+enum { KIND_Q8, KIND_Q4, KIND_Q5, KIND_BF16 };  // what a packed matmul multiplies
+
 // One token's activation block: int8 quants, scale, and the correction for the weights' unsigned
 // offset (-K * sum(q), K = 128 for Q8_0 bytes, 8 for Q4_0 nibbles), the int32 dot's start value.
 typedef struct {
@@ -45,7 +48,9 @@ typedef struct {
 
 // ---- packing (plain C: runs once per weight at start-up) ----------------------------------------
 
-static size_t block_bytes(td_dtype t) { return t == TD_Q8_0 ? Q8_BLOCK : t == TD_Q4_0 ? Q4_BLOCK : 0; }
+static size_t block_bytes(td_dtype t) {
+    return t == TD_Q8_0 ? Q8_BLOCK : t == TD_Q4_0 ? Q4_BLOCK : t == TD_Q5_0 ? Q5_BLOCK : 0;
+}
 
 size_t td_vnni16_pack_bytes(const td_tensor *w) {
     if (w->ndim != 2) return 0;
@@ -97,13 +102,20 @@ int td_vnni16_pack(const td_tensor *w, void *dst, int ith, int nth) {
                 const td_block_q8_0 *s = (const td_block_q8_0 *)row + b;
                 memcpy(o + 2 * lane, &s->d, 2);
                 for (int e = 0; e < TD_QK; e++) q[(e / 4) * 64 + lane * 4 + e % 4] = (uint8_t)(s->q[e] ^ 0x80);
-            } else {
-                const td_block_q4_0 *s = (const td_block_q4_0 *)row + b;
-                memcpy(o + 2 * lane, &s->d, 2);
+            } else {  // Q4_0 and Q5_0 share the nibble layout (and the block's leading f16 d)
+                const uint8_t *qs = w->type == TD_Q4_0 ? ((const td_block_q4_0 *)row + b)->qs : ((const td_block_q5_0 *)row + b)->qs;
+                memcpy(o + 2 * lane, w->type == TD_Q4_0 ? (const void *)&((const td_block_q4_0 *)row + b)->d
+                                                        : (const void *)&((const td_block_q5_0 *)row + b)->d, 2);
+                uint32_t qh = 0;
+                if (w->type == TD_Q5_0) memcpy(&qh, ((const td_block_q5_0 *)row + b)->qh, 4);  // bit e: element e's fifth bit
                 for (int e = 0; e < TD_QK; e++) {  // element e: low nibble of qs[e] (e < 16), else high of qs[e - 16]
-                    const int v = e < 16 ? s->qs[e] & 15 : s->qs[e - 16] >> 4;
+                    const int v = e < 16 ? qs[e] & 15 : qs[e - 16] >> 4;
                     const int g4 = e / 4;  // 4-element group; groups 2h and 2h + 1 share the h-th 64 bytes
                     q[(g4 / 2) * 64 + lane * 4 + e % 4] |= (uint8_t)(v << (4 * (g4 % 2)));
+                    if ((qh >> e) & 1) {  // Q5_0: bit (lane * 4 + e % 4) of group g4's 64-bit mask
+                        const int bit = lane * 4 + e % 4;
+                        q[4 * 64 + 8 * g4 + bit / 8] |= (uint8_t)(1u << (bit % 8));
+                    }
                 }
             }
         }
@@ -136,9 +148,9 @@ static inline __m512i bcast4(const int8_t *p) {
 }
 
 // acc[r][t] continues over blocks [0, nb) of R groups (g[r]: their first block) and T tokens.
-TD_X86_INL void tile(int q4, int R, int T, const uint8_t *const *g, const xblock *const *x, int64_t nb, size_t pf,
+TD_X86_INL void tile(int kind, int R, int T, const uint8_t *const *g, const xblock *const *x, int64_t nb, size_t pf,
                      __m512 acc[MAX_R][MAX_T]) {
-    const size_t bb = q4 ? Q4_BLOCK : Q8_BLOCK;
+    const size_t bb = kind == KIND_Q5 ? Q5_BLOCK : kind == KIND_Q4 ? Q4_BLOCK : Q8_BLOCK;
     for (int64_t b = 0; b < nb; b++) {
         __m512i ia[MAX_R][MAX_T];
 TD_UNROLL
@@ -148,7 +160,7 @@ TD_UNROLL
         if (pf)
 TD_UNROLL
             for (int r = 0; r < R; r++) td_x86_prefetch_nta((const char *)g[r] + (b * bb + pf), (int)bb);
-        if (!q4) {
+        if (kind == KIND_Q8) {
 TD_UNROLL
             for (int k = 0; k < 8; k++) {
                 __m512i wv[MAX_R];
@@ -171,6 +183,11 @@ TD_UNROLL
                     const __m512i v = _mm512_loadu_si512(g[r] + b * bb + 2 * GROUP + 64 * h);
                     lo[r] = _mm512_and_si512(v, m4);
                     hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                    if (kind == KIND_Q5) {  // + 16 where the fifth bit is set
+                        const uint8_t *mk = g[r] + b * bb + 2 * GROUP + 4 * 64 + 16 * h;
+                        lo[r] = _mm512_mask_add_epi8(lo[r], _load_mask64((__mmask64 *)mk), lo[r], _mm512_set1_epi8(16));
+                        hi[r] = _mm512_mask_add_epi8(hi[r], _load_mask64((__mmask64 *)(mk + 8)), hi[r], _mm512_set1_epi8(16));
+                    }
                 }
 TD_UNROLL
                 for (int t = 0; t < T; t++) {
@@ -230,14 +247,14 @@ TD_UNROLL
 // compile-time constant in every caller): L2 blocks of groups x token tiles x activation chunks x
 // group tiles. A unit is a 32-block (Q8_0/Q4_0) or an element pair (BF16). Between chunks the
 // accumulators rest in y (exact), so chunking never changes a sum.
-enum { KIND_Q8, KIND_Q4, KIND_BF16 };
 
 TD_X86_INL void packed_matmul(int kind, int R, int T, const td_matmul_args *a, int ith, int nth) {
     const int bf = kind == KIND_BF16;
     const td_tensor *w = a->w;
     const int64_t n_out = w->ne[0], n_in = w->ne[1], n_groups = (n_out + GROUP - 1) / GROUP;
     const int64_t nu = bf ? (n_in + 1) / 2 : n_in / TD_QK, chunk = bf ? BF_CHUNK : CHUNK;  // units per row / chunk
-    const size_t ub = bf ? 64 : kind == KIND_Q4 ? Q4_BLOCK : Q8_BLOCK, gb = (size_t)nu * ub;  // bytes per unit / group
+    const size_t ub = bf ? 64 : kind == KIND_Q5 ? Q5_BLOCK : kind == KIND_Q4 ? Q4_BLOCK : Q8_BLOCK;  // bytes per unit
+    const size_t gb = (size_t)nu * ub;                                                          // ... per group
     const uint8_t *packed = w->packed;
     long lo, hi;
     td_split((long)n_groups, ith, nth, &lo, &hi);
@@ -265,7 +282,7 @@ TD_X86_INL void packed_matmul(int kind, int R, int T, const td_matmul_args *a, i
                         if (t < tv) bf16_pairs(xt + e0, ne, nc, xbuf.b[t]);
                         x[t] = xbuf.b[tt];
                     } else {
-                        if (t < tv) quantize_blocks(xt + c0 * TD_QK, nc, kind == KIND_Q4 ? 8 : 128, xbuf.q[t]);
+                        if (t < tv) quantize_blocks(xt + c0 * TD_QK, nc, kind == KIND_Q4 ? 8 : kind == KIND_Q5 ? 16 : 128, xbuf.q[t]);
                         x[t] = xbuf.q[tt];
                     }
                 }
@@ -286,7 +303,7 @@ TD_UNROLL
                     if (bf)
                         bf16_tile(R, T, (const uint32_t *const *)g, (const uint32_t *const *)x, nc, pf, acc);
                     else
-                        tile(kind == KIND_Q4, R, T, g, (const xblock *const *)x, nc, pf, acc);
+                        tile(kind, R, T, g, (const xblock *const *)x, nc, pf, acc);
                     for (int r = 0; r < rv; r++) {
                         const int64_t row = (g0 + r) * GROUP;
                         const __mmask16 m = td_x86_mask16(n_out - row);
@@ -306,6 +323,7 @@ void td_avx512_matmul_vnni16(const td_matmul_args *a, int ith, int nth) {
     switch (a->w->type) {
     case TD_BF16: one ? packed_matmul(KIND_BF16, DR, 1, a, ith, nth) : packed_matmul(KIND_BF16, PR, BF_PT, a, ith, nth); break;
     case TD_Q4_0: one ? packed_matmul(KIND_Q4, DR, 1, a, ith, nth) : packed_matmul(KIND_Q4, PR, PT, a, ith, nth); break;
+    case TD_Q5_0: one ? packed_matmul(KIND_Q5, DR, 1, a, ith, nth) : packed_matmul(KIND_Q5, PR, PT, a, ith, nth); break;
     default: one ? packed_matmul(KIND_Q8, DR, 1, a, ith, nth) : packed_matmul(KIND_Q8, PR, PT, a, ith, nth); break;
     }
 }
