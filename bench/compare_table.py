@@ -1,7 +1,7 @@
 """Turns compare_llama.sh's raw.jsonl into a markdown table: per model and test, the median tokens/s
 of every repetition of every round on each side, the spread (min-max), tandem / llama.cpp, and the
 fraction of the ceiling (pp: GFLOP/s over the peak of the arithmetic the type's matmuls use, int8
-VNNI for Q8_0/Q4_0 and BF16 dot products for BF16 as both programs use them, else FP32 FMA; tg: GB/s
+VNNI for Q8_0/Q4_0/Q5_0/Q4_K/Q6_K and BF16 dot products for BF16 as both programs use them, else FP32 FMA; tg: GB/s
 over the read bandwidth),
 both sides counted with tandem's FLOP and byte model of the same run. Reads only; judges nothing.
 
@@ -24,7 +24,7 @@ def main():
     bf = max(c.get("bf16_gflops", 0) for c in ceil)
 
     def pp_peak(dtype):
-        if dtype in ("Q8_0", "Q4_0") and i8 > 0:
+        if dtype in ("Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K") and i8 > 0:
             return i8
         if dtype == "BF16" and bf > 0:
             return bf
@@ -86,7 +86,7 @@ def main():
           + ", ".join(f"{c['read_gbs']:.1f} GB/s read, {c['fma_gflops']:.1f} GFLOP/s FP32 FMA ({c['fma_isa']}), "
                       f"{c.get('int8_giops', 0):.0f} GOP/s int8, {c.get('bf16_gflops', 0):.0f} GFLOP/s BF16"
                       for c in ceil)
-          + f"; the fractions use the best of them (pp: int8 for Q8_0/Q4_0, BF16 for BF16, else FP32). pp work = 2 x matmul parameters x tokens + attention + "
+          + f"; the fractions use the best of them (pp: int8 for Q8_0/Q4_0/Q5_0/Q4_K/Q6_K, BF16 for BF16, else FP32). pp work = 2 x matmul parameters x tokens + attention + "
           "one output row; tg bytes = every weight once per token + the f32 KV cache read.")
 
 

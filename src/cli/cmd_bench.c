@@ -271,9 +271,10 @@ static void add_ceil_json(cJSON *j, const td_bench_ceil *c) {
 // FMA. Sets *name to the ceiling's JSON key; returns 0 if it was not measured.
 static double pp_ceiling(const td_bench_ceil *c, const char *dtype, const char **name) {
     const td_kernels *k = td_kernels_get(NULL);
-    const int lowp = k && !strcmp(k->name, "avx512-int8");
-    if (lowp && (!strcmp(dtype, "Q8_0") || !strcmp(dtype, "Q4_0")) && c->int8_giops > 0)
-        return *name = "int8_giops", c->int8_giops;
+    const int lowp = k && (!strcmp(k->name, "avx512-int8") || !strcmp(k->name, "amx") || !strcmp(k->name, "amx-emu"));
+    static const char *const int8_types[] = {"Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q6_K"};  // int8 activations
+    for (size_t i = 0; lowp && c->int8_giops > 0 && i < sizeof int8_types / sizeof *int8_types; i++)
+        if (!strcmp(dtype, int8_types[i])) return *name = "int8_giops", c->int8_giops;
     if (lowp && !strcmp(dtype, "BF16") && c->bf16_gflops > 0) return *name = "bf16_gflops", c->bf16_gflops;
     *name = "fma_gflops";
     return c->fma_gflops;
