@@ -124,7 +124,8 @@ typedef struct td_add_args {
 // forward asks for it once per matmul weight at start-up (pack_bytes, then pack into a buffer it
 // owns) and the set's matmul then reads `packed` instead of `data`; results are the same bits as
 // with any other batch size, but not those of the unpacked path.
-//   TD_PACK_VNNI16 (Q8_0, Q4_0, Q5_0, BF16; avx512-int8): groups of 16 output rows. BF16: for each pair
+//   TD_PACK_VNNI16 (Q8_0, Q4_0, Q5_0, Q4_K, BF16; avx512-int8): groups of 16 output rows (Q4_K:
+//   per 256-element super-block, see avx512_vnni16.c's K4_* layout). BF16: for each pair
 //   of elements (2k, 2k + 1; zero-padded) the 16 rows' pairs, 64 bytes. Q8_0/Q4_0: for each 32-element block
 //   the 16 rows' f16 scales, then the quants in VNNI order, 4 elements of the 16 rows per 64 bytes:
 //   Q8_0 bytes q + 128 (8 x 64 bytes); Q4_0 nibbles q (0..15), elements 8h..8h+3 of each row in the

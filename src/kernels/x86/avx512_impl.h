@@ -139,6 +139,16 @@ TD_X86_TARGET_END
 
 void td_avx512_matmul(const td_matmul_args *a, int ith, int nth);
 void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth);
+// Activations per 256-element super-block as ggml's Q8_K (avx512_int8.c): q ~ x / d, bsums[b] =
+// sum of q over elements 16b .. 16b+15. td_x86_quantize_q8k quantizes nb super-blocks of x.
+typedef struct {
+    int8_t q[256];
+    int16_t bsums[16];
+    float d;
+    float pad[7];  // 64-byte multiple
+} td_x86_q8k;
+void td_x86_quantize_q8k(const float *x, int nb, td_x86_q8k *out);
+
 // TD_PACK_VNNI16 (avx512_vnni16.c): Q8_0/Q4_0 weights packed for the int8 family.
 size_t td_vnni16_pack_bytes(const td_tensor *w);
 int td_vnni16_pack(const td_tensor *w, void *dst, int ith, int nth);

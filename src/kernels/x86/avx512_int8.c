@@ -320,18 +320,13 @@ static void q5_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_mat
 // (127 / amax)) (in f32), d = 1 / (127 / amax) (f32), so x ~ d q; bsums[b] = sum of q over elements
 // 16b .. 16b+15 (the min / offset terms then cost one vpmaddwd per super-block). ggml takes the
 // scale's sign from the largest element; d q is the same value either way.
-typedef struct {
-    int8_t q[TD_QK_K];
-    int16_t bsums[16];
-    float d;
-    float pad[7];  // 64-byte multiple
-} xblock_k;
+typedef td_x86_q8k xblock_k;
 
 enum {
     KQ_CHUNK = 8,  // super-blocks (2048 elements) of each token's activations quantized at a time
 };
 
-static void quantize_k(const float *x, int nb, xblock_k *out) {
+void td_x86_quantize_q8k(const float *x, int nb, td_x86_q8k *out) {
     for (int b = 0; b < nb; b++, x += TD_QK_K) {
         __m512 m = _mm512_setzero_ps();
         for (int i = 0; i < TD_QK_K; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
@@ -460,7 +455,7 @@ INL void kq_matmul(int q6, int NR, int NT, const td_matmul_args *a, int ith, int
                 const int ns = n_sb - s0 < KQ_CHUNK ? (int)(n_sb - s0) : KQ_CHUNK;
                 const xblock_k *x[I8_BT];
                 for (int t = 0; t < NT; t++) {
-                    if (t < ntv) quantize_k(a->x + (size_t)(t0 + t) * n_in + s0 * TD_QK_K, ns, xbuf[t]);
+                    if (t < ntv) td_x86_quantize_q8k(a->x + (size_t)(t0 + t) * n_in + s0 * TD_QK_K, ns, xbuf[t]);
                     x[t] = xbuf[t < ntv ? t : ntv - 1];
                 }
                 const size_t pf = NT == 1 || t0 == 0 ? pf_ahead : 0;

@@ -25,18 +25,24 @@ enum {
     Q8_BLOCK = 16 * 2 + 8 * 64,    // bytes of a packed Q8_0 block of 16 rows (544)
     Q4_BLOCK = 16 * 2 + 4 * 64,    // ... Q4_0 (288)
     Q5_BLOCK = Q4_BLOCK + 8 * 8,   // ... Q5_0: Q4_0's nibbles + the fifth bits as 8 64-bit lane masks (352)
+    // Q4_K, per group and 256-element super-block: d[16], dmin[16] (f16), sc[8][16] (u8), the mins
+    // as int16 pairs (m[2p], m[2p+1]) [4][16][2], then qs: per sub-block pair p and 4-element step
+    // u, the 16 rows' bytes 32p + 4u .. +3 of qs (low nibbles sub-block 2p, high 2p+1) (2496).
+    K4_D = 0, K4_DMIN = 32, K4_SC = 64, K4_MP = K4_SC + 128, K4_QS = K4_MP + 256, K4_BLOCK = K4_QS + 2048,
+    KQ_CHUNK_SB = 8,               // Q4_K activation super-blocks quantized per token at a time (2048 elements)
     CHUNK = 128,                   // activation blocks quantized per token at a time (4096 elements)
     PR = 2, PT = 6,                // prefill tile: 2 groups x 6 tokens = 12 int32 + 12 f32 accumulators
     DR = 1,                        // decode: one group, one token: one sequential stream per thread
                                    // (4 interleaved groups: 0.5B Q4_0 tg 140 -> 165, Q8_0 70 -> 93 tok/s)
     MAX_R = 4, MAX_T = 8,
-    BF_PT = 8,                     // BF16 prefill tile: 2 groups x 8 tokens (2 x 12 spills: half the speed)
+    BF_PT = 8,
+    K4_PT = 4,                     // Q4_K prefill tile: 2 groups x 4 tokens (int32 per sub-block and super-block + f32)                     // BF16 prefill tile: 2 groups x 8 tokens (2 x 12 spills: half the speed)
     BF_CHUNK = 512,                // BF16 activation pairs converted per token at a time (1024 elements)
     L2_BLOCK = 896 * 1024,         // weight bytes every token tile passes over (as avx512_int8.c)
     BF_L2_BLOCK = 256 * 1024,      // ... for BF16 (as the unpacked bf16 tiles: in L2)
 };
 
-enum { KIND_Q8, KIND_Q4, KIND_Q5, KIND_BF16 };  // what a packed matmul multiplies
+enum { KIND_Q8, KIND_Q4, KIND_Q5, KIND_Q4K, KIND_BF16 };  // what a packed matmul multiplies
 
 // One token's activation block: int8 quants, scale, and the correction for the weights' unsigned
 // offset (-K * sum(q), K = 128 for Q8_0 bytes, 8 for Q4_0 nibbles), the int32 dot's start value.
@@ -49,7 +55,7 @@ typedef struct {
 // ---- packing (plain C: runs once per weight at start-up) ----------------------------------------
 
 static size_t block_bytes(td_dtype t) {
-    return t == TD_Q8_0 ? Q8_BLOCK : t == TD_Q4_0 ? Q4_BLOCK : t == TD_Q5_0 ? Q5_BLOCK : 0;
+    return t == TD_Q8_0 ? Q8_BLOCK : t == TD_Q4_0 ? Q4_BLOCK : t == TD_Q5_0 ? Q5_BLOCK : t == TD_Q4_K ? K4_BLOCK : 0;
 }
 
 size_t td_vnni16_pack_bytes(const td_tensor *w) {
@@ -57,8 +63,34 @@ size_t td_vnni16_pack_bytes(const td_tensor *w) {
     const size_t groups = (size_t)((w->ne[0] + GROUP - 1) / GROUP);
     if (w->type == TD_BF16) return groups * (size_t)((w->ne[1] + 1) / 2) * 64;  // 16 rows x one bf16 pair
     const size_t bb = block_bytes(w->type);
-    if (!bb || w->ne[1] % TD_QK) return 0;
-    return groups * (size_t)(w->ne[1] / TD_QK) * bb;
+    const int64_t unit = w->type == TD_Q4_K ? TD_QK_K : TD_QK;
+    if (!bb || w->ne[1] % unit) return 0;
+    return groups * (size_t)(w->ne[1] / unit) * bb;
+}
+
+// Q4_K rows [r0, r1) into their groups (layout: K4_* above).
+static void pack_q4k(const td_tensor *w, uint8_t *dst, int64_t r0, int64_t r1) {
+    const int64_t nsb = w->ne[1] / TD_QK_K;
+    const size_t rb = td_row_bytes(w->type, w->ne[1]);
+    for (int64_t r = r0; r < r1; r++) {
+        const td_block_q4_k *row = (const td_block_q4_k *)((const uint8_t *)w->data + (size_t)r * rb);
+        const int lane = (int)(r % GROUP);
+        uint8_t *g = dst + (size_t)(r / GROUP) * (size_t)nsb * K4_BLOCK;
+        for (int64_t b = 0; b < nsb; b++) {
+            uint8_t *o = g + (size_t)b * K4_BLOCK;
+            memcpy(o + K4_D + 2 * lane, &row[b].d, 2);
+            memcpy(o + K4_DMIN + 2 * lane, &row[b].dmin, 2);
+            for (int j = 0; j < 8; j++) {
+                uint8_t sc, m;
+                td_q4_k_scale_min(j, row[b].scales, &sc, &m);
+                o[K4_SC + 16 * j + lane] = sc;
+                const int16_t m16 = m;
+                memcpy(o + K4_MP + 64 * (j / 2) + 4 * lane + 2 * (j & 1), &m16, 2);
+            }
+            for (int p = 0; p < 4; p++)
+                for (int u = 0; u < 8; u++) memcpy(o + K4_QS + 512 * p + 64 * u + 4 * lane, row[b].qs + 32 * p + 4 * u, 4);
+        }
+    }
 }
 
 // BF16: per group of 16 rows, for each pair k of elements (2k, 2k + 1; an odd row's last pair
@@ -90,8 +122,14 @@ int td_vnni16_pack(const td_tensor *w, void *dst, int ith, int nth) {
     }
     long g0, g1;  // this slice's groups of 16 rows
     td_split((n_out + GROUP - 1) / GROUP, ith, nth, &g0, &g1);
-    memset((uint8_t *)dst + (size_t)g0 * (size_t)nb * bb, 0, (size_t)(g1 - g0) * (size_t)nb * bb);
     const int64_t r1 = g1 * GROUP < n_out ? g1 * GROUP : n_out;
+    if (w->type == TD_Q4_K) {
+        const size_t gb = (size_t)(w->ne[1] / TD_QK_K) * K4_BLOCK;
+        memset((uint8_t *)dst + (size_t)g0 * gb, 0, (size_t)(g1 - g0) * gb);
+        pack_q4k(w, dst, g0 * GROUP, r1);
+        return TD_PACK_VNNI16;
+    }
+    memset((uint8_t *)dst + (size_t)g0 * (size_t)nb * bb, 0, (size_t)(g1 - g0) * (size_t)nb * bb);
     for (int64_t r = g0 * GROUP; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * rb;
         const int lane = (int)(r % GROUP);
@@ -211,6 +249,82 @@ TD_UNROLL
     }
 }
 
+// ---- Q4_K ---------------------------------------------------------------------------------------
+
+// acc[r][t] continues over super-blocks [0, nsb) of R groups and T tokens (mp[t][b]: the token's
+// block sums per sub-block pair as int16 pairs). Per (row, token, super-block): the exact int32
+// sum over sub-blocks of sc * (q . x), and of m * (the sub-block's sum of x); then acc = fma(sum,
+// d dx, acc), acc = fma(msum, -(dmin dx), acc).
+TD_X86_INL void tile_q4k(int R, int T, const uint8_t *const *g, const td_x86_q8k *const *x, const int32_t (*const *mp)[4],
+                         int64_t nsb, size_t pf, __m512 acc[MAX_R][MAX_T]) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    for (int64_t b = 0; b < nsb; b++) {
+        const size_t o = (size_t)b * K4_BLOCK;
+        if (pf)
+TD_UNROLL
+            for (int r = 0; r < R; r++) td_x86_prefetch_nta((const char *)g[r] + o + pf, K4_BLOCK);
+        __m512i isb[MAX_R][MAX_T];
+TD_UNROLL
+        for (int r = 0; r < R; r++)
+TD_UNROLL
+            for (int t = 0; t < T; t++) isb[r][t] = _mm512_setzero_si512();
+        for (int s = 0; s < 8; s++) {
+            __m512i ia[MAX_R][MAX_T];
+TD_UNROLL
+            for (int r = 0; r < R; r++)
+TD_UNROLL
+                for (int t = 0; t < T; t++) ia[r][t] = _mm512_setzero_si512();
+TD_UNROLL
+            for (int u = 0; u < 8; u++) {
+                __m512i wv[MAX_R];
+TD_UNROLL
+                for (int r = 0; r < R; r++) {
+                    const __m512i v = _mm512_loadu_si512(g[r] + o + K4_QS + 512 * (s / 2) + 64 * u);
+                    wv[r] = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(v, 4) : v, m4);
+                }
+TD_UNROLL
+                for (int t = 0; t < T; t++) {
+                    const __m512i xb = bcast4(x[t][b].q + 32 * s + 4 * u);
+TD_UNROLL
+                    for (int r = 0; r < R; r++) ia[r][t] = _mm512_dpbusd_epi32(ia[r][t], wv[r], xb);
+                }
+            }
+TD_UNROLL
+            for (int r = 0; r < R; r++) {
+                const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(g[r] + o + K4_SC + 16 * s)));
+TD_UNROLL
+                for (int t = 0; t < T; t++) isb[r][t] = _mm512_add_epi32(isb[r][t], _mm512_mullo_epi32(ia[r][t], sc));
+            }
+        }
+TD_UNROLL
+        for (int r = 0; r < R; r++) {
+            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g[r] + o + K4_D)));
+            const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(g[r] + o + K4_DMIN)));
+TD_UNROLL
+            for (int t = 0; t < T; t++) {
+                __m512i ms = _mm512_setzero_si512();
+TD_UNROLL
+                for (int p = 0; p < 4; p++)
+                    ms = _mm512_dpwssd_epi32(ms, _mm512_loadu_si512(g[r] + o + K4_MP + 64 * p), _mm512_set1_epi32(mp[t][b][p]));
+                const __m512 dx = _mm512_set1_ps(x[t][b].d);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isb[r][t]), _mm512_mul_ps(dw, dx), acc[r][t]);
+                acc[r][t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(ms), _mm512_mul_ps(dm, dx), acc[r][t]);
+            }
+        }
+    }
+}
+
+// The token's block sums per sub-block (two 16-element sums each) as int16 pairs, per pair of
+// sub-blocks: the activation side of the mins' vpdpwssd.
+static void q8k_min_pairs(const td_x86_q8k *x, int nb, int32_t (*mp)[4]) {
+    for (int b = 0; b < nb; b++)
+        for (int p = 0; p < 4; p++) {
+            const int16_t lo = (int16_t)(x[b].bsums[4 * p] + x[b].bsums[4 * p + 1]);
+            const int16_t hi = (int16_t)(x[b].bsums[4 * p + 2] + x[b].bsums[4 * p + 3]);
+            mp[b][p] = (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16);
+        }
+}
+
 // ---- BF16 ---------------------------------------------------------------------------------------
 
 // Rounds x[0, n) to bf16 pairs (round to nearest even, as avx512_int8.c), zero-padded to np pairs.
@@ -249,11 +363,12 @@ TD_UNROLL
 // accumulators rest in y (exact), so chunking never changes a sum.
 
 TD_X86_INL void packed_matmul(int kind, int R, int T, const td_matmul_args *a, int ith, int nth) {
-    const int bf = kind == KIND_BF16;
+    const int bf = kind == KIND_BF16, k4 = kind == KIND_Q4K;
     const td_tensor *w = a->w;
     const int64_t n_out = w->ne[0], n_in = w->ne[1], n_groups = (n_out + GROUP - 1) / GROUP;
-    const int64_t nu = bf ? (n_in + 1) / 2 : n_in / TD_QK, chunk = bf ? BF_CHUNK : CHUNK;  // units per row / chunk
-    const size_t ub = bf ? 64 : kind == KIND_Q5 ? Q5_BLOCK : kind == KIND_Q4 ? Q4_BLOCK : Q8_BLOCK;  // bytes per unit
+    const int64_t nu = bf ? (n_in + 1) / 2 : k4 ? n_in / TD_QK_K : n_in / TD_QK;  // units per row
+    const int64_t chunk = bf ? BF_CHUNK : k4 ? KQ_CHUNK_SB : CHUNK;                  // ... per chunk
+    const size_t ub = bf ? 64 : k4 ? K4_BLOCK : kind == KIND_Q5 ? Q5_BLOCK : kind == KIND_Q4 ? Q4_BLOCK : Q8_BLOCK;  // bytes per unit
     const size_t gb = (size_t)nu * ub;                                                          // ... per group
     const uint8_t *packed = w->packed;
     long lo, hi;
@@ -265,7 +380,10 @@ TD_X86_INL void packed_matmul(int kind, int R, int T, const td_matmul_args *a, i
     union {
         xblock q[MAX_T][CHUNK];
         uint32_t b[MAX_T][BF_CHUNK];
+        td_x86_q8k k[MAX_T][KQ_CHUNK_SB];
     } xbuf __attribute__((aligned(64)));
+    int32_t mpairs[MAX_T][KQ_CHUNK_SB][4];  // Q4_K: the tokens' block sums as int16 pairs
+    const int32_t(*mp[MAX_T])[4];
     for (long b0 = lo; b0 < hi; b0 += block) {
         const long b1 = hi - b0 < block ? hi : b0 + block;
         for (int t0 = 0; t0 < a->n_tok; t0 += T) {
@@ -281,6 +399,13 @@ TD_X86_INL void packed_matmul(int kind, int R, int T, const td_matmul_args *a, i
                         const int64_t e0 = 2 * c0, ne = n_in - e0 < 2 * nc ? n_in - e0 : 2 * nc;
                         if (t < tv) bf16_pairs(xt + e0, ne, nc, xbuf.b[t]);
                         x[t] = xbuf.b[tt];
+                    } else if (k4) {
+                        if (t < tv) {
+                            td_x86_quantize_q8k(xt + c0 * TD_QK_K, (int)nc, xbuf.k[t]);
+                            q8k_min_pairs(xbuf.k[t], (int)nc, mpairs[t]);
+                        }
+                        x[t] = xbuf.k[tt];
+                        mp[t] = (const int32_t(*)[4])mpairs[tt];
                     } else {
                         if (t < tv) quantize_blocks(xt + c0 * TD_QK, nc, kind == KIND_Q4 ? 8 : kind == KIND_Q5 ? 16 : 128, xbuf.q[t]);
                         x[t] = xbuf.q[tt];
@@ -302,6 +427,8 @@ TD_UNROLL
                         }
                     if (bf)
                         bf16_tile(R, T, (const uint32_t *const *)g, (const uint32_t *const *)x, nc, pf, acc);
+                    else if (k4)
+                        tile_q4k(R, T, g, (const td_x86_q8k *const *)x, mp, nc, pf, acc);
                     else
                         tile(kind, R, T, g, (const xblock *const *)x, nc, pf, acc);
                     for (int r = 0; r < rv; r++) {
@@ -324,6 +451,7 @@ void td_avx512_matmul_vnni16(const td_matmul_args *a, int ith, int nth) {
     case TD_BF16: one ? packed_matmul(KIND_BF16, DR, 1, a, ith, nth) : packed_matmul(KIND_BF16, PR, BF_PT, a, ith, nth); break;
     case TD_Q4_0: one ? packed_matmul(KIND_Q4, DR, 1, a, ith, nth) : packed_matmul(KIND_Q4, PR, PT, a, ith, nth); break;
     case TD_Q5_0: one ? packed_matmul(KIND_Q5, DR, 1, a, ith, nth) : packed_matmul(KIND_Q5, PR, PT, a, ith, nth); break;
+    case TD_Q4_K: one ? packed_matmul(KIND_Q4K, DR, 1, a, ith, nth) : packed_matmul(KIND_Q4K, PR, K4_PT, a, ith, nth); break;
     default: one ? packed_matmul(KIND_Q8, DR, 1, a, ith, nth) : packed_matmul(KIND_Q8, PR, PT, a, ith, nth); break;
     }
 }
