@@ -28,6 +28,19 @@ enum {
 };
 #define INL TD_X86_INL
 
+// A tile's sums into y: y = bias (or 0) + sum for the first chunk of a row, y + sum after it (the
+// same grouping for every batch); sums[r * NT + t] for the tile's nrv live rows from r0 and ntv
+// live tokens from t0.
+INL void tile_store(const td_matmul_args *a, const float *sums, long r0, int t0, int nrv, int ntv, int NT, int first) {
+    const int64_t n_out = a->w->ne[0];
+    for (int r = 0; r < nrv; r++)
+        for (int t = 0; t < ntv; t++) {
+            float *y = &a->y[(size_t)(t0 + t) * n_out + r0 + r];
+            const float s = sums[r * NT + t];
+            *y = first ? (a->bias ? a->bias[r0 + r] : 0.0f) + s : *y + s;
+        }
+}
+
 // ---- bf16 x bf16 (vdpbf16ps) --------------------------------------------------------------------
 
 // Activations are rounded to bf16 (round to nearest even) once per token tile and chunk, into a
@@ -112,12 +125,7 @@ INL void bf16x_matmul(int NR, int NT, const td_matmul_args *a, int ith, int nth)
                         wr[r] = (const uint8_t *)w->data + (size_t)(r0 + (r < nrv ? r : nrv - 1)) * rb + (size_t)c0 * 2;
                     float sums[BF_BR * BF_BT];
                     bf16x_tile(NR, NT, wr, xb, nc, pf, sums);
-                    for (int r = 0; r < nrv; r++)
-                        for (int t = 0; t < ntv; t++) {
-                            float *y = &a->y[(size_t)(t0 + t) * n_out + r0 + r];
-                            const float s = sums[r * NT + t];
-                            *y = c0 ? *y + s : (a->bias ? a->bias[r0 + r] : 0.0f) + s;
-                        }
+                    tile_store(a, sums, r0, t0, nrv, ntv, NT, c0 == 0);
                 }
             }
         }
@@ -295,12 +303,7 @@ TD_UNROLL
                     int8_tile(kind, NR, NT, wr, x, 2 * p0, np, n_blocks, NT == 1 || t0 == 0 ? pf_ahead : 0, acc);
                     float sums[I8_BR * I8_BT];
                     td_x86_hsum_tile(&acc[0][0], I8_BT, NR, NT, sums);
-                    for (int r = 0; r < nrv; r++)
-                        for (int t = 0; t < ntv; t++) {
-                            float *y = &a->y[(size_t)(t0 + t) * n_out + r0 + r];
-                            const float s = sums[r * NT + t];
-                            *y = p0 ? *y + s : (a->bias ? a->bias[r0 + r] : 0.0f) + s;
-                        }
+                    tile_store(a, sums, r0, t0, nrv, ntv, NT, p0 == 0);
                 }
             }
         }
@@ -472,12 +475,7 @@ TD_UNROLL
                     for (int s = 0; s < ns; s++) kq_step(q6, NR, NT, wr, x, s0 + s, s, pf, acc);
                     float sums[I8_BR * I8_BT];
                     td_x86_hsum_tile(&acc[0][0], I8_BT, NR, NT, sums);
-                    for (int r = 0; r < nrv; r++)
-                        for (int t = 0; t < ntv; t++) {
-                            float *y = &a->y[(size_t)(t0 + t) * n_out + r0 + r];
-                            const float s = sums[r * NT + t];
-                            *y = s0 ? *y + s : (a->bias ? a->bias[r0 + r] : 0.0f) + s;
-                        }
+                    tile_store(a, sums, r0, t0, nrv, ntv, NT, s0 == 0);
                 }
             }
         }
