@@ -12,17 +12,16 @@
 
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
+#include "matmul_case.h"
 #include "test_util.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include "kernels/x86/amx.h"
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rnext(void) {
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return rng;
+static uint64_t rnext(void) {  // raw 64-bit draws from matmul_case.h's generator
+    mc_rng ^= mc_rng << 13, mc_rng ^= mc_rng >> 7, mc_rng ^= mc_rng << 17;
+    return mc_rng;
 }
-static float frand(void) { return (float)((rnext() >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }  // [-1, 1)
 
 static const double EPS = 5.96e-8;  // 2^-24
 
@@ -170,48 +169,6 @@ static void test_emu_dpbf16ps(void) {
 
 // ---- matmuls ------------------------------------------------------------------------------------
 
-typedef struct {
-    td_tensor w;
-    float *wd;  // dequantized [n_out, n_in]
-    float *x, *bias;
-    int n_tok, n_out, n_in;
-} mm_case;
-
-static mm_case mm_make(td_dtype dt, int n_tok, int n_out, int n_in, int bias) {
-    mm_case c = {.n_tok = n_tok, .n_out = n_out, .n_in = n_in};
-    float *wf = malloc((size_t)n_out * n_in * sizeof *wf);
-    for (size_t i = 0; i < (size_t)n_out * n_in; i++) wf[i] = 0.5f * frand();
-    for (int r = 0; r < n_out; r++) wf[(size_t)r * n_in + (r * 7) % n_in] = 3.0f;  // scales vary by block
-    const size_t rb = td_row_bytes(dt, n_in);
-    uint8_t *wq = malloc(rb * n_out);
-    c.wd = malloc((size_t)n_out * n_in * sizeof *c.wd);
-    for (int r = 0; r < n_out; r++) {
-        td_from_f32(dt, wf + (size_t)r * n_in, wq + r * rb, n_in);
-        td_to_f32(dt, wq + r * rb, c.wd + (size_t)r * n_in, n_in);
-    }
-    free(wf);
-    c.w = (td_tensor){.type = dt, .ndim = 2, .ne = {n_out, n_in}, .data = wq, .nbytes = rb * n_out};
-    c.x = malloc((size_t)n_tok * n_in * sizeof *c.x);
-    for (size_t i = 0; i < (size_t)n_tok * n_in; i++) c.x[i] = 2.0f * frand();
-    for (int t = 0; t < n_tok; t++) c.x[(size_t)t * n_in + (t * 13) % n_in] = -9.0f;  // an outlier per token
-    if (n_in >= 64 && n_tok > 1) memset(c.x + 32, 0, 32 * sizeof *c.x);  // an all-zero block (amax 0)
-    c.bias = NULL;
-    if (bias) {
-        c.bias = malloc((size_t)n_out * sizeof *c.bias);
-        for (int r = 0; r < n_out; r++) c.bias[r] = frand();
-    }
-    return c;
-}
-static void mm_free(mm_case *c) { free((void *)c->w.data), free(c->wd), free(c->x), free(c->bias); }
-
-// Runs the matmul on n_tok tokens from x in nth slices (one after another, as threads would see them).
-static float *mm_run(const td_kernels *k, const mm_case *c, const float *x, int n_tok, int nth) {
-    float *y = malloc((size_t)n_tok * c->n_out * sizeof *y);
-    for (size_t i = 0; i < (size_t)n_tok * c->n_out; i++) y[i] = NAN;
-    td_matmul_args a = {.w = &c->w, .bias = c->bias, .x = x, .y = y, .n_tok = n_tok};
-    for (int ith = 0; ith < nth; ith++) k->matmul(&a, ith, nth);
-    return y;
-}
 
 // One block of activations as the avx512-int8 set quantizes it (docs/kernels.md), from its definition.
 static float quant_block(const float *x, int8_t q[32]) {

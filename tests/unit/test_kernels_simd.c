@@ -8,18 +8,8 @@
 
 #include "kernels/kernels.h"
 #include "tensor/dtype.h"
+#include "matmul_case.h"
 #include "test_util.h"
-
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-static float frand(void) {  // uniform in [-1, 1)
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-static float *rand_vec(size_t n, float scale) {
-    float *v = malloc(n * sizeof *v);
-    for (size_t i = 0; i < n; i++) v[i] = frand() * scale;
-    return v;
-}
 
 // Runs a kernel over nth slices, one after another (the slicing is what threads would see).
 #define RUN(fn, args, nth)                                    \
@@ -28,41 +18,6 @@ static float *rand_vec(size_t n, float scale) {
     } while (0)
 
 static const double EPS = 5.96e-8;  // 2^-24, f32 unit roundoff
-
-typedef struct {
-    td_tensor w;
-    float *wd;  // dequantized [n_out, n_in]
-    float *x, *bias;
-    int n_tok, n_out, n_in;
-} mm_case;
-
-static mm_case mm_make(td_dtype dt, int n_tok, int n_out, int n_in, int bias) {
-    mm_case c = {.n_tok = n_tok, .n_out = n_out, .n_in = n_in};
-    float *wf = rand_vec((size_t)n_out * n_in, 0.5f);
-    // a few large entries per row: quantization scales then vary across blocks
-    for (int r = 0; r < n_out; r++) wf[(size_t)r * n_in + (r * 7) % n_in] = 3.0f;
-    const size_t rb = td_row_bytes(dt, n_in);
-    void *wq = malloc(rb * n_out);
-    c.wd = malloc((size_t)n_out * n_in * sizeof *c.wd);
-    for (int r = 0; r < n_out; r++) {
-        td_from_f32(dt, wf + (size_t)r * n_in, (uint8_t *)wq + r * rb, n_in);
-        td_to_f32(dt, (uint8_t *)wq + r * rb, c.wd + (size_t)r * n_in, n_in);
-    }
-    free(wf);
-    c.w = (td_tensor){.type = dt, .ndim = 2, .ne = {n_out, n_in}, .data = wq, .nbytes = rb * n_out};
-    c.x = rand_vec((size_t)n_tok * n_in, 2.0f);
-    for (int t = 0; t < n_tok; t++) c.x[(size_t)t * n_in + (t * 13) % n_in] = -9.0f;  // an outlier
-    c.bias = bias ? rand_vec((size_t)n_out, 1.0f) : NULL;
-    return c;
-}
-static void mm_free(mm_case *c) { free((void *)c->w.data), free(c->wd), free(c->x), free(c->bias); }
-
-static float *mm_run(const td_kernels *k, const mm_case *c, const float *x, int n_tok, int nth) {
-    float *y = malloc((size_t)n_tok * c->n_out * sizeof *y);
-    td_matmul_args a = {.w = &c->w, .bias = c->bias, .x = x, .y = y, .n_tok = n_tok};
-    RUN(k->matmul, &a, nth);
-    return y;
-}
 
 // Which error the variant may add on top of f32 reordering.
 enum { EXACT, ACT_INT8, ACT_BF16, ACT_Q8K };
