@@ -380,6 +380,7 @@ static inline __attribute__((always_inline)) void attend_generic(const td_attent
                                                                  const td_dtype DT) {
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
     float o[TD_ATTN_MAX_HEAD_DIM] __attribute__((aligned(64))), s[ATTN_TILE] __attribute__((aligned(64)));
+    const void *kr[ATTN_TILE], *vr[ATTN_TILE];
     for (long w = ith; w < (long)a->n_tok * a->n_heads; w += nth) {
         const int t = (int)(w / a->n_heads), h = (int)(w % a->n_heads);
         const int seq = a->seq_id[t], n_keys = a->pos[t] + 1;
@@ -389,9 +390,10 @@ static inline __attribute__((always_inline)) void attend_generic(const td_attent
         memset(o, 0, sizeof(float) * (size_t)hd);
         for (int j0 = 0; j0 < n_keys; j0 += ATTN_TILE) {
             const int nj = n_keys - j0 < ATTN_TILE ? n_keys - j0 : ATTN_TILE;
+            kv_rows(a->kv, seq, j0, nj, kr, vr);
             float mt = -INFINITY;
             for (int j = 0; j < nj; j++) {
-                s[j] = dot(q, td_kv_k_row(a->kv, seq, j0 + j), koff, hd, DT) * a->scale;
+                s[j] = dot(q, kr[j], koff, hd, DT) * a->scale;
                 if (s[j] > mt) mt = s[j];
             }
             if (mt > m) {
@@ -409,7 +411,7 @@ static inline __attribute__((always_inline)) void attend_generic(const td_attent
                 _mm512_mask_storeu_ps(s + j, mk, e);
             }
             for (int j = 0; j < nj; j++) {
-                const void *v = td_kv_v_row(a->kv, seq, j0 + j);
+                const void *v = vr[j];
                 const __m512 e = _mm512_set1_ps(s[j]);
                 l += s[j];
                 for (int i = 0; i < hd; i += 16) {
