@@ -79,10 +79,8 @@ static void bench_attention(td_backend *const *be, int nt) {
     float *K = malloc((size_t)N_SEQ * CTX * kv_dim * sizeof *K), *V = malloc((size_t)N_SEQ * CTX * kv_dim * sizeof *V);
     for (size_t i = 0; i < (size_t)N_SEQ * CTX * kv_dim; i++) K[i] = frand(), V[i] = frand();
     int32_t *ids = malloc((size_t)N_SEQ * nblk * sizeof *ids);
-    const int32_t *tab[N_SEQ];
     for (int i = 0; i < N_SEQ * nblk; i++) ids[i] = i;
-    for (int s = 0; s < N_SEQ; s++) tab[s] = ids + s * nblk;
-    td_kv_layer kv = {.k = K, .v = V, .block_table = tab, .block_size = BS, .kv_dim = kv_dim};
+    td_kv_layer kv = {.k = K, .v = V, .block_table = ids, .table_stride = nblk, .block_size = BS, .kv_dim = kv_dim};
     int32_t seq[N_SEQ], pos[N_SEQ];
     for (int s = 0; s < N_SEQ; s++) seq[s] = s, pos[s] = CTX - 1;
     float q[N_SEQ * NH * HD], out[N_SEQ * NH * HD];
@@ -125,8 +123,7 @@ static void bench_prompt_attention(td_backend *const *be, int nt, int hd) {
     int32_t ids[T / BS], seq[T], pos[T];
     for (int i = 0; i < nblk; i++) ids[i] = nblk - 1 - i;  // blocks out of order, as a paged pool has them
     for (int t = 0; t < T; t++) seq[t] = 0, pos[t] = t;
-    const int32_t *tab[1] = {ids};
-    td_kv_layer kv = {.k = K, .v = V, .block_table = tab, .block_size = BS, .kv_dim = kv_dim};
+    td_kv_layer kv = {.k = K, .v = V, .block_table = ids, .table_stride = nblk, .block_size = BS, .kv_dim = kv_dim};
     td_attention_args a = {.q = q, .kv = &kv, .seq_id = seq, .pos = pos, .out = out, .n_tok = T,
                            .n_heads = NH, .n_kv_heads = NKV, .head_dim = hd, .scale = 0.125f};
     const double flops = 4.0 * hd * NH * (double)T * (T + 1) / 2;

@@ -1,5 +1,7 @@
-// The CPU backend: runs a td_kernels table (ref by default) on a persistent thread pool, one
-// (ith, nth) slice per worker; plus the thin argument-checking wrappers of backend.h.
+// The CPU backend: runs a td_kernels table (ref by default) and the reference backward kernels on
+// a persistent thread pool, one (ith, nth) slice per worker, over host buffers (64-byte aligned
+// malloc memory, the host buffer type); plus the thin argument-checking wrappers of backend.h.
+// Every slot completes before it returns, so synchronize has nothing to wait for.
 #include "backend/backend.h"
 
 #include <stdint.h>
@@ -53,6 +55,80 @@ CPU_SLOT(silu_mul, td_silu_mul_args)
 CPU_SLOT(embed, td_embed_args)
 CPU_SLOT(add, td_add_args)
 
+static void get_rows_task(void *a_, int ith, int nth) {
+    const td_get_rows_args *a = a_;
+    long lo, hi;
+    td_split(a->n_rows, ith, nth, &lo, &hi);
+    for (long j = lo; j < hi; j++)
+        memcpy(a->y + (size_t)j * a->n, a->x + (size_t)a->rows[j] * a->n, (size_t)a->n * sizeof(float));
+}
+static void cpu_get_rows(void *ctx_, const td_get_rows_args *a) {
+    cpu_ctx *ctx = ctx_;
+    td_pool_run(ctx->pool, get_rows_task, (void *)a);
+}
+
+// The training slots: the reference backward kernels (kernels/backward.h) on the pool. Ops with
+// two passes (matmul: dx then dW; RMSNorm: dx and rstd then dw) run them in that order.
+#define CPU_BWD(op, args_t, fn)                                                \
+    static void op##_task(void *a, int ith, int nth) { fn((const args_t *)a, ith, nth); } \
+    static void cpu_##op(void *ctx_, const args_t *a) {                        \
+        cpu_ctx *ctx = ctx_;                                                   \
+        td_pool_run(ctx->pool, op##_task, (void *)a);                          \
+    }
+CPU_BWD(round_bf16, td_round_bf16_args, td_ref_round_bf16)
+CPU_BWD(mm_bwd_x, td_mm_bwd_args, td_ref_mm_bwd_x)
+CPU_BWD(mm_bwd_w, td_mm_bwd_args, td_ref_mm_bwd_w)
+CPU_BWD(rmsnorm_bwd_x, td_rmsnorm_bwd_args, td_ref_rmsnorm_bwd_x)
+CPU_BWD(rmsnorm_bwd_w, td_rmsnorm_bwd_args, td_ref_rmsnorm_bwd_w)
+CPU_BWD(attention_bwd, td_attention_bwd_args, td_ref_attention_bwd)
+CPU_BWD(swiglu_bwd, td_swiglu_bwd_args, td_ref_swiglu_bwd)
+CPU_BWD(embed_bwd, td_embed_bwd_args, td_ref_embed_bwd)
+CPU_BWD(xent, td_xent_args, td_ref_xent)
+
+static void cpu_mm_bwd(void *ctx, const td_mm_bwd_args *a) {
+    if (a->dx) cpu_mm_bwd_x(ctx, a);
+    if (a->dw || a->db) cpu_mm_bwd_w(ctx, a);
+}
+static void cpu_rmsnorm_bwd(void *ctx, const td_rmsnorm_bwd_args *a) {
+    cpu_rmsnorm_bwd_x(ctx, a);
+    cpu_rmsnorm_bwd_w(ctx, a);
+}
+
+// ---- host buffers (the host buffer type; the CPU backend's only one)
+
+static void host_free(td_buffer *b) {
+    free(b->base);
+    free(b);
+}
+static void host_set(td_buffer *b, size_t off, const void *src, size_t n) { memcpy((char *)b->base + off, src, n); }
+static void host_get(const td_buffer *b, size_t off, void *dst, size_t n) { memcpy(dst, (const char *)b->base + off, n); }
+static void host_clear(td_buffer *b, uint8_t v) { memset(b->base, v, b->size); }
+static void host_copy(td_buffer *b, size_t dst_off, const td_buffer *src, size_t src_off, size_t n) {
+    memcpy((char *)b->base + dst_off, (const char *)src->base + src_off, n);
+}
+static const td_buffer_iface host_buffer_iface = {
+    .free = host_free, .set = host_set, .get = host_get, .clear = host_clear, .copy = host_copy};
+
+static td_buffer *host_alloc(td_buft *bt, size_t size) {
+    td_buffer *b = calloc(1, sizeof *b);
+    void *p = aligned_alloc(64, td_align_up(size, 64));
+    if (!b || !p) {
+        free(b);
+        free(p);
+        return NULL;
+    }
+    *b = (td_buffer){.iface = &host_buffer_iface, .buft = bt, .base = p, .size = size};
+    return b;
+}
+static const td_buft_iface host_buft_iface = {.name = "host", .alloc = host_alloc, .alignment = 64, .is_host = true};
+static td_buft host_buft = {.iface = &host_buft_iface};
+
+td_buft *td_host_buft(void) { return &host_buft; }
+static td_buft *cpu_buft(void *ctx) {
+    (void)ctx;
+    return &host_buft;
+}
+
 static size_t cpu_pack_bytes(void *ctx_, const td_tensor *w) {
     const cpu_ctx *ctx = ctx_;
     return ctx->k->pack_bytes ? ctx->k->pack_bytes(w) : 0;
@@ -96,8 +172,18 @@ static const td_backend_iface cpu_iface = {
     .silu_mul = cpu_silu_mul,
     .embed = cpu_embed,
     .add = cpu_add,
+    .get_rows = cpu_get_rows,
+    .round_bf16 = cpu_round_bf16,
+    .mm_bwd = cpu_mm_bwd,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .attention_bwd = cpu_attention_bwd,
+    .swiglu_bwd = cpu_swiglu_bwd,
+    .embed_bwd = cpu_embed_bwd,
+    .xent = cpu_xent,
     .pack_bytes = cpu_pack_bytes,
     .pack = cpu_pack,
+    .buft = cpu_buft,
+    .host_buft = cpu_buft,
 };
 
 td_backend_cpu_params td_backend_cpu_default_params(void) {
@@ -132,118 +218,10 @@ td_status td_backend_cpu_create(const td_backend_cpu_params *p, td_backend **out
     }
     be->iface = &cpu_iface;
     be->ctx = ctx;
+    be->n_slices = td_pool_size(pool);
     const char *prof = getenv("TANDEM_PROFILE");
     be->profile = prof && *prof && strcmp(prof, "0");
     *out = be;
     return TD_OK;
 }
 
-// Runs call, timed into slot when profiling.
-#define PROFILED(be, slot, call)                          \
-    do {                                                  \
-        if (!(be)->profile) {                             \
-            call;                                         \
-            break;                                        \
-        }                                                 \
-        const double t0_ = td_now();                      \
-        call;                                             \
-        (be)->prof_s[slot] += td_now() - t0_;             \
-        (be)->prof_calls[slot]++;                         \
-    } while (0)
-
-static const char *const PROF_NAMES[TD_PROF_N] = {"matmul (1 token)", "matmul (batch)", "rmsnorm", "rope", "kv_write",
-                                                   "attention", "silu_mul", "embed", "add"};
-
-void td_backend_free(td_backend *be) {
-    if (!be) return;
-    if (be->profile) {
-        double total = 0;
-        for (int i = 0; i < TD_PROF_N; i++) total += be->prof_s[i];
-        fprintf(stderr, "tandem profile (%s backend): %.3f s in slots\n", be->iface->name, total);
-        for (int i = 0; i < TD_PROF_N; i++)
-            if (be->prof_calls[i])
-                fprintf(stderr, "  %-18s %9.3f s %5.1f %%  %8ld calls\n", PROF_NAMES[i], be->prof_s[i],
-                        total > 0 ? 100.0 * be->prof_s[i] / total : 0.0, be->prof_calls[i]);
-    }
-    if (be->iface->free) be->iface->free(be->ctx);
-    free(be);
-}
-
-const char *td_backend_name(const td_backend *be) { return be->iface->name; }
-
-void td_backend_matmul(td_backend *be, const td_tensor *w, const float *bias, const float *x,
-                       float *y, int n_tok) {
-    TD_ASSERT(w->ndim == 2 && td_row_bytes(w->type, w->ne[1]) > 0 && n_tok >= 0);
-    TD_ASSERT((const void *)x != (const void *)y);
-    if (n_tok == 0) return;
-    td_matmul_args a = {.w = w, .bias = bias, .x = x, .y = y, .n_tok = n_tok};
-    PROFILED(be, a.n_tok == 1 ? TD_PROF_MATMUL_1 : TD_PROF_MATMUL_N, be->iface->matmul(be->ctx, &a));
-}
-
-void td_backend_rmsnorm(td_backend *be, const float *x, const float *w, float *y, int n_rows,
-                        int n, float eps) {
-    TD_ASSERT(n > 0 && n_rows >= 0);
-    if (n_rows == 0) return;
-    td_rmsnorm_args a = {.x = x, .w = w, .y = y, .n_rows = n_rows, .n = n, .eps = eps};
-    PROFILED(be, TD_PROF_RMSNORM, be->iface->rmsnorm(be->ctx, &a));
-}
-
-void td_backend_rope(td_backend *be, float *x, const int32_t *pos, const double *inv_freq,
-                     int n_tok, int n_heads, int head_dim, int neox) {
-    TD_ASSERT(head_dim > 0 && head_dim % 2 == 0 && head_dim <= TD_ATTN_MAX_HEAD_DIM);
-    if (n_tok == 0) return;
-    td_rope_args a = {.x = x, .pos = pos, .inv_freq = inv_freq, .n_tok = n_tok,
-                      .n_heads = n_heads, .head_dim = head_dim, .neox = neox};
-    PROFILED(be, TD_PROF_ROPE, be->iface->rope(be->ctx, &a));
-}
-
-void td_backend_kv_write(td_backend *be, const td_kv_layer *kv, const float *k, const float *v,
-                         const int32_t *seq_id, const int32_t *pos, int n_tok) {
-    if (n_tok == 0) return;
-    td_kv_write_args a = {.kv = kv, .k = k, .v = v, .seq_id = seq_id, .pos = pos, .n_tok = n_tok};
-    PROFILED(be, TD_PROF_KV_WRITE, be->iface->kv_write(be->ctx, &a));
-}
-
-void td_backend_attention(td_backend *be, const float *q, const td_kv_layer *kv,
-                          const int32_t *seq_id, const int32_t *pos, float *out, int n_tok,
-                          int n_heads, int n_kv_heads, int head_dim, float scale) {
-    TD_ASSERT(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
-    TD_ASSERT(head_dim > 0 && head_dim <= TD_ATTN_MAX_HEAD_DIM && kv->kv_dim == n_kv_heads * head_dim);
-    if (n_tok == 0) return;
-    td_attention_args a = {.q = q, .kv = kv, .seq_id = seq_id, .pos = pos, .out = out,
-                           .n_tok = n_tok, .n_heads = n_heads, .n_kv_heads = n_kv_heads,
-                           .head_dim = head_dim, .scale = scale};
-    PROFILED(be, TD_PROF_ATTENTION, be->iface->attention(be->ctx, &a));
-}
-
-void td_backend_silu_mul(td_backend *be, float *gate, const float *up, int64_t n) {
-    if (n == 0) return;
-    td_silu_mul_args a = {.gate = gate, .up = up, .n = n};
-    PROFILED(be, TD_PROF_SILU_MUL, be->iface->silu_mul(be->ctx, &a));
-}
-
-void td_backend_embed(td_backend *be, const td_tensor *table, const int32_t *tokens, float *y,
-                      int n_tok) {
-    TD_ASSERT(table->ndim == 2 && td_row_bytes(table->type, table->ne[1]) > 0);
-    if (n_tok == 0) return;
-    td_embed_args a = {.table = table, .tokens = tokens, .y = y, .n_tok = n_tok};
-    PROFILED(be, TD_PROF_EMBED, be->iface->embed(be->ctx, &a));
-}
-
-void td_backend_add(td_backend *be, float *y, const float *x, int64_t n) {
-    if (n == 0) return;
-    td_add_args a = {.y = y, .x = x, .n = n};
-    PROFILED(be, TD_PROF_ADD, be->iface->add(be->ctx, &a));
-}
-
-size_t td_backend_pack_bytes(td_backend *be, const td_tensor *w) {
-    return be->iface->pack_bytes && w->ndim == 2 ? be->iface->pack_bytes(be->ctx, w) : 0;
-}
-
-td_tensor td_backend_pack(td_backend *be, const td_tensor *w, void *dst) {
-    TD_ASSERT(td_backend_pack_bytes(be, w) > 0 && ((uintptr_t)dst & 63) == 0);
-    td_tensor v = *w;
-    v.packing = be->iface->pack(be->ctx, w, dst);
-    v.packed = dst;
-    return v;
-}

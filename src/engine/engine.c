@@ -83,7 +83,8 @@ struct td_eng {
     // step scratch, sized at create
     int32_t *b_tok, *b_pos, *b_seq;  // [max_batched_tokens]
     uint8_t *b_want;                 // [max_batched_tokens]
-    const int32_t **tables;          // [max_seqs]
+    int32_t *tables;                 // [max_seqs, table_stride] flat block tables of the step
+    int table_stride;                // blocks per sequence at max_model_len
     td_kv_layer *kvl;                // [n_layers]
     entry_meta *meta;                // [max_seqs]
     float *logits;                   // [max_batched_tokens, vocab]
@@ -514,7 +515,8 @@ static bool step(td_eng *e) {
         const int lp_from = r->prompt_lp_next > 1 ? r->prompt_lp_next - 1 : 0;  // first position wanted
         const bool lp = r->want_prompt_lp && j == 0 && en->is_prefill && r->prompt_lp_next < r->g.n_prompt;
         mt->lp = lp;
-        e->tables[i] = en->table.ids;
+        TD_ASSERT(en->table.n_blocks <= e->table_stride);
+        memcpy(e->tables + (size_t)i * e->table_stride, en->table.ids, (size_t)en->table.n_blocks * sizeof(int32_t));
         for (int t = 0; t < en->n_tokens; t++, T++) {
             const int p = en->start_pos + t;
             e->b_tok[T] = en->tokens[t];
@@ -919,7 +921,8 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
     e->b_pos = malloc(T * sizeof(int32_t));
     e->b_seq = malloc(T * sizeof(int32_t));
     e->b_want = malloc(T);
-    e->tables = calloc((size_t)p.max_seqs, sizeof *e->tables);
+    e->table_stride = (max_ctx + p.block_size - 1) / p.block_size;
+    e->tables = calloc((size_t)p.max_seqs * (size_t)e->table_stride, sizeof *e->tables);
     e->kvl = calloc((size_t)c->n_layers, sizeof *e->kvl);
     e->meta = calloc((size_t)p.max_seqs, sizeof *e->meta);
     e->logits = T * V <= SIZE_MAX / sizeof(float) ? malloc(T * V * sizeof(float)) : NULL;
@@ -942,6 +945,7 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
         e->kvl[l] = (td_kv_layer){.k = td_kv_pool_layer_k(e->pool, l),
                                   .v = td_kv_pool_layer_v(e->pool, l),
                                   .block_table = e->tables,
+                                  .table_stride = e->table_stride,
                                   .block_size = p.block_size,
                                   .kv_dim = e->kv_dim,
                                   .dtype = p.kv_cache_dtype};

@@ -44,14 +44,17 @@ typedef struct td_rope_args {
 
 // One layer of the KV cache, addressed by blocks so the same kernel reads a contiguous cache
 // (one block of max_ctx rows per sequence) or a paged pool (block tables of shared blocks).
-// Row (seq, pos) lives in block block_table[seq][pos / block_size], row pos % block_size; a row is
+// Row (seq, pos) lives in block block_table[seq * table_stride + pos / block_size], row
+// pos % block_size: the table is one flat integer array, a row of block ids per batch sequence, so
+// a device backend uploads it as it is. A row is
 // n_kv_heads * head_dim elements of dtype (post-RoPE keys, values): TD_F32 (the value of a zeroed
 // view, so older initializers stay f32), TD_F16 or TD_BF16. Attention converts 16-bit rows to f32
 // as it reads them (exact); kv_write rounds f32 to the cache type to nearest even.
 typedef struct td_kv_layer {
     void *k;                           // [n_blocks, block_size, kv_dim] of dtype
     void *v;                           // [n_blocks, block_size, kv_dim] of dtype
-    const int32_t *const *block_table; // [n_seqs] -> block ids
+    const int32_t *block_table;        // [n_seqs, table_stride] block ids
+    int table_stride;                  // ids per table row (>= the blocks any sequence uses)
     int block_size;                    // rows per block
     int kv_dim;                        // n_kv_heads * head_dim
     td_dtype dtype;                    // TD_F32, TD_F16 or TD_BF16
@@ -63,12 +66,12 @@ static inline size_t td_kv_elem_bytes(td_dtype t) { return t == TD_F32 ? 4 : 2; 
 
 // Start of row (seq, pos) of K (or V): kv_dim elements of kv->dtype.
 static inline void *td_kv_k_row(const td_kv_layer *kv, int seq, int pos) {
-    int64_t b = kv->block_table[seq][pos / kv->block_size];
+    int64_t b = kv->block_table[(size_t)seq * kv->table_stride + pos / kv->block_size];
     return (char *)kv->k + ((size_t)b * kv->block_size + (size_t)(pos % kv->block_size)) * kv->kv_dim *
                                td_kv_elem_bytes(kv->dtype);
 }
 static inline void *td_kv_v_row(const td_kv_layer *kv, int seq, int pos) {
-    int64_t b = kv->block_table[seq][pos / kv->block_size];
+    int64_t b = kv->block_table[(size_t)seq * kv->table_stride + pos / kv->block_size];
     return (char *)kv->v + ((size_t)b * kv->block_size + (size_t)(pos % kv->block_size)) * kv->kv_dim *
                                td_kv_elem_bytes(kv->dtype);
 }
@@ -119,6 +122,14 @@ typedef struct td_add_args {
     const float *x;
     int64_t n;
 } td_add_args;
+
+// y[n_rows, n] = rows rows[j] of x[*, n] (f32): the forward gathers the rows that want logits.
+typedef struct td_get_rows_args {
+    const float *x;
+    const int32_t *rows;  // [n_rows] row indices into x
+    float *y;             // [n_rows, n]; must not alias x
+    int n_rows, n;
+} td_get_rows_args;
 
 // Packed weight layouts (td_tensor.packing). A set may offer one for some weight types: the
 // forward asks for it once per matmul weight at start-up (pack_bytes, then pack into a buffer it

@@ -38,8 +38,7 @@ struct td_forward {
 
     unsigned char *kv;        // [n_layers][2][max_seqs][max_ctx][kv_dim] of p.kv_dtype
     td_kv_layer *kvl;         // [n_layers]
-    int32_t *blk_ids;         // [max_seqs]: block of sequence s is s (one block per sequence)
-    const int32_t **blk_tab;  // [max_seqs] -> &blk_ids[s]
+    int32_t *blk_ids;         // [max_seqs] flat block table (stride 1): sequence s is block s
     int *seq_len;             // [max_seqs] cached positions
     int *last_pos;            // [max_seqs] scratch for batch validation
 
@@ -325,11 +324,10 @@ td_status td_forward_create(const td_model *m, const td_forward_params *pp, td_f
     f->kv = calloc(kv_elems, td_kv_elem_bytes(p.kv_dtype));
     f->kvl = calloc((size_t)c->n_layers, sizeof *f->kvl);
     f->blk_ids = malloc((size_t)p.max_seqs * sizeof *f->blk_ids);
-    f->blk_tab = malloc((size_t)p.max_seqs * sizeof *f->blk_tab);
     f->seq_len = calloc((size_t)p.max_seqs, sizeof *f->seq_len);
     f->last_pos = malloc((size_t)p.max_seqs * sizeof *f->last_pos);
     f->scratch = malloc(scratch_elems * sizeof(float));
-    if (!f->vecs || !f->lv || !f->kv || !f->kvl || !f->blk_ids || !f->blk_tab || !f->seq_len ||
+    if (!f->vecs || !f->lv || !f->kv || !f->kvl || !f->blk_ids || !f->seq_len ||
         !f->last_pos || !f->scratch) {
         st = td_err_set(err, TD_ERR_NOMEM, "forward: out of memory (KV cache %zu MiB, scratch %zu MiB)",
                         kv_elems * td_kv_elem_bytes(p.kv_dtype) >> 20, scratch_elems * 4 >> 20);
@@ -339,14 +337,14 @@ td_status td_forward_create(const td_model *m, const td_forward_params *pp, td_f
 
     for (int s = 0; s < p.max_seqs; s++) {
         f->blk_ids[s] = s;
-        f->blk_tab[s] = &f->blk_ids[s];
     }
     const size_t layer_half = (size_t)p.max_seqs * (size_t)p.max_ctx * (size_t)f->kv_dim *
                               td_kv_elem_bytes(p.kv_dtype);  // bytes
     for (int l = 0; l < c->n_layers && !p.external_kv; l++) {
         f->kvl[l] = (td_kv_layer){.k = f->kv + (size_t)l * 2 * layer_half,
                                   .v = f->kv + ((size_t)l * 2 + 1) * layer_half,
-                                  .block_table = f->blk_tab,
+                                  .block_table = f->blk_ids,
+                                  .table_stride = 1,
                                   .block_size = p.max_ctx,
                                   .kv_dim = f->kv_dim,
                                   .dtype = p.kv_dtype};
@@ -381,7 +379,6 @@ void td_forward_free(td_forward *f) {
     free(f->kv);
     free(f->kvl);
     free(f->blk_ids);
-    free(f->blk_tab);
     free(f->seq_len);
     free(f->last_pos);
     free(f->scratch);

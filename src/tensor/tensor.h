@@ -21,6 +21,9 @@ typedef struct td_tensor {
     // its layout (TD_PACK_*, kernels/kernels.h), 0 for none. Kernels that don't know it use `data`.
     const void *packed;
     int packing;
+    // The backend buffer holding `data` (backend/backend.h), or NULL for host memory nobody's
+    // backend owns (a mapped file, a caller's array): only a host backend reads those.
+    struct td_buffer *buf;
 } td_tensor;
 
 static inline int td_tensor_present(const td_tensor *t) { return t->ndim > 0 && t->data != NULL; }

@@ -68,8 +68,7 @@ struct td_tmodel {
     float *xr, *dyr;     // BF16 only: [N, max(D, F, qd)] matmul operands rounded to bf16
     float *wbf;          // BF16 only: [n_params] the parameters rounded to bf16, per forward
     int32_t *tokens, *targets, *pos, *negpos, *seq_id;  // [N]
-    int32_t *blk_ids;                                   // [B]
-    const int32_t **blk_tab;                            // [B]
+    int32_t *blk_ids;                                   // [B] flat block table: sequence b is block b
     int have_fwd, have_targets;
 };
 
@@ -468,10 +467,9 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     const size_t N = (size_t)tm->N;
     tm->tokens = malloc(5 * N * sizeof(int32_t));
     tm->blk_ids = malloc((size_t)p.batch * sizeof *tm->blk_ids);
-    tm->blk_tab = malloc((size_t)p.batch * sizeof *tm->blk_tab);
     if (!tm->tensors || !tm->pw.l || !tm->gw.l || !tm->res || !tm->la || !tm->params ||
         !tm->grads || (p.precision == TD_TRAIN_BF16 && !tm->wbf) || !tm->acts || !tm->tokens ||
-        !tm->blk_ids || !tm->blk_tab || !tm->pool) {
+        !tm->blk_ids || !tm->pool) {
         st = td_err_set(err, TD_ERR_NOMEM,
                         "train: out of memory (%zu parameters, %zu MiB of activations)",
                         tm->n_params, n_acts * sizeof(float) >> 20);
@@ -493,7 +491,6 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     }
     for (int b = 0; b < p.batch; b++) {
         tm->blk_ids[b] = b;
-        tm->blk_tab[b] = &tm->blk_ids[b];
     }
     *out = tm;
     return TD_OK;
@@ -513,7 +510,6 @@ void td_tmodel_free(td_tmodel *tm) {
     free(tm->acts);
     free(tm->tokens);
     free(tm->blk_ids);
-    free(tm->blk_tab);
     free(tm);
 }
 
@@ -670,7 +666,8 @@ static void layer_forward(td_tmodel *tm, int l, layer_acts *a) {
     // The keys of sequence b are block b of a "cache" of block_size T: the inference kernel as is.
     td_kv_layer kv = {.k = a->k,
                       .v = a->v,
-                      .block_table = tm->blk_tab,
+                      .block_table = tm->blk_ids,
+                      .table_stride = 1,
                       .block_size = tm->p.seq_len,
                       .kv_dim = kvd};
     kjob j = {.k = tm->k,

@@ -293,13 +293,12 @@ static void test_forward_external(const td_model *m) {
     CHECK(td_forward_create(m, &fp, &f, &err) == TD_OK, "external-KV forward: %s", err.msg);
     if (!f) return;
     int32_t tok = 1, pos = 0, seq = 0, blk = 0;
-    const int32_t *tab[1] = {&blk};
     const int kv_dim = m->cfg.n_kv_heads * m->cfg.head_dim, L = m->cfg.n_layers;
     float *k = calloc((size_t)16 * kv_dim, sizeof(float)), *v = calloc((size_t)16 * kv_dim, sizeof(float));
     float *logits = malloc((size_t)m->cfg.vocab_size * sizeof(float));
     td_kv_layer kvl[16];
     for (int l = 0; l < L && l < 16; l++)
-        kvl[l] = (td_kv_layer){.k = k, .v = v, .block_table = tab, .block_size = 16, .kv_dim = kv_dim};
+        kvl[l] = (td_kv_layer){.k = k, .v = v, .block_table = &blk, .table_stride = 1, .block_size = 16, .kv_dim = kv_dim};
     td_batch b = {.n_tokens = 1, .tokens = &tok, .pos = &pos, .seq_id = &seq};
     CHECK(td_forward_run(f, &b, logits, &err) == TD_ERR_INVALID, "td_forward_run on an external-KV forward");
     CHECK(td_forward_run_kv(f, &b, kvl, logits, &err) == TD_OK, "run_kv: %s", err.msg);

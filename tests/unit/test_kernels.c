@@ -121,11 +121,18 @@ static void test_attention(td_backend *be, int n_heads, int n_kv, int hd, int bl
             for (int i = 0; i < total; i++) ids[i] = total - 1 - i;
         free(seen);
     }
+    // The flat table: one row of stride max(nblk) per sequence (unused tails hold -1).
+    int stride = 0;
+    for (int s = 0; s < NSEQ; s++) stride = nblk[s] > stride ? nblk[s] : stride;
+    int32_t *flat = malloc((size_t)NSEQ * stride * sizeof *flat);
     const int32_t *tab[NSEQ];
-    for (int s = 0, o = 0; s < NSEQ; o += nblk[s], s++) tab[s] = ids + o;
+    for (int s = 0, o = 0; s < NSEQ; o += nblk[s], s++) {
+        tab[s] = ids + o;
+        for (int j = 0; j < stride; j++) flat[s * stride + j] = j < nblk[s] ? ids[o + j] : -1;
+    }
     float *K = rand_vec((size_t)total * block_size * kv_dim, 1.0f);
     float *V = rand_vec((size_t)total * block_size * kv_dim, 1.0f);
-    td_kv_layer kv = {.k = K, .v = V, .block_table = tab, .block_size = block_size, .kv_dim = kv_dim};
+    td_kv_layer kv = {.k = K, .v = V, .block_table = flat, .table_stride = stride, .block_size = block_size, .kv_dim = kv_dim};
     // queries: the last position of each sequence plus a few earlier ones
     enum { NT = 6 };
     int32_t seq[NT] = {0, 1, 2, 1, 2, 2}, pos[NT] = {0, 69, 149, 5, 64, 63};
@@ -159,15 +166,15 @@ static void test_attention(td_backend *be, int n_heads, int n_kv, int hd, int bl
         }
     CHECK(worst < 1e-5, "attention heads=%d kv=%d hd=%d block=%d: err %g", n_heads, n_kv, hd, block_size,
           worst);
-    free(ids), free(K), free(V), free(q), free(out), free(sc);
+    free(ids), free(flat), free(K), free(V), free(q), free(out), free(sc);
 }
 
 static void test_kv_write(td_backend *be) {
     const int kv_dim = 10, bs = 3;
-    int32_t ids0[4] = {2, 0, 5, 1}, ids1[2] = {4, 3};
-    const int32_t *tab[2] = {ids0, ids1};
+    int32_t flat[2 * 4] = {2, 0, 5, 1, 4, 3, -1, -1};  // rows of stride 4: sequence 1 has 2 blocks
+    const int32_t *tab[2] = {flat, flat + 4};
     float *K = calloc(6 * bs * kv_dim, sizeof *K), *V = calloc(6 * bs * kv_dim, sizeof *V);
-    td_kv_layer kv = {.k = K, .v = V, .block_table = tab, .block_size = bs, .kv_dim = kv_dim};
+    td_kv_layer kv = {.k = K, .v = V, .block_table = flat, .table_stride = 4, .block_size = bs, .kv_dim = kv_dim};
     int32_t seq[4] = {0, 1, 0, 1}, pos[4] = {7, 4, 0, 5};
     float *k = rand_vec(4 * kv_dim, 1), *v = rand_vec(4 * kv_dim, 1);
     td_backend_kv_write(be, &kv, k, v, seq, pos, 4);

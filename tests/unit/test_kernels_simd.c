@@ -239,9 +239,8 @@ static void test_attention(const td_kernels *k, int n_heads, int n_kv, int hd, i
     const int kv_dim = n_kv * hd, nblk = (300 + bs - 1) / bs;
     int32_t *ids = malloc((size_t)NSEQ * nblk * sizeof *ids);
     for (int i = 0; i < NSEQ * nblk; i++) ids[i] = NSEQ * nblk - 1 - i;  // reversed: blocks out of order
-    const int32_t *tab[NSEQ] = {ids, ids + nblk};
     float *K = rand_vec((size_t)NSEQ * nblk * bs * kv_dim, 1.0f), *V = rand_vec((size_t)NSEQ * nblk * bs * kv_dim, 1.0f);
-    td_kv_layer kv = {.k = K, .v = V, .block_table = tab, .block_size = bs, .kv_dim = kv_dim};
+    td_kv_layer kv = {.k = K, .v = V, .block_table = ids, .table_stride = nblk, .block_size = bs, .kv_dim = kv_dim};
     int32_t seq[NT] = {0, 1, 1, 0, 1}, pos[NT] = {0, 63, 64, 200, 299};
     float *q = rand_vec((size_t)NT * n_heads * hd, 3.0f);
     float *o = malloc((size_t)NT * n_heads * hd * sizeof *o), *orf = malloc((size_t)NT * n_heads * hd * sizeof *o);
@@ -268,7 +267,6 @@ static void test_prompt_attention(const td_kernels *k, int n_heads, int n_kv, in
     int32_t *ids = malloc((size_t)nblk * sizeof *ids), *seq = calloc((size_t)n, sizeof *seq), *pos = malloc((size_t)n * sizeof *pos);
     for (int i = 0; i < nblk; i++) ids[i] = nblk - 1 - i;
     for (int t = 0; t < n; t++) pos[t] = t;
-    const int32_t *tab[1] = {ids};
     float *kf = rand_vec(elems, 1.0f), *vf = rand_vec(elems, 1.0f);
     void *K = malloc(elems * eb), *V = malloc(elems * eb);
     if (dt == TD_F32) {
@@ -277,7 +275,7 @@ static void test_prompt_attention(const td_kernels *k, int n_heads, int n_kv, in
         td_from_f32(dt, kf, K, (int64_t)elems);
         td_from_f32(dt, vf, V, (int64_t)elems);
     }
-    td_kv_layer kv = {.k = K, .v = V, .block_table = tab, .block_size = BS, .kv_dim = kv_dim, .dtype = dt};
+    td_kv_layer kv = {.k = K, .v = V, .block_table = ids, .table_stride = nblk, .block_size = BS, .kv_dim = kv_dim, .dtype = dt};
     float *q = rand_vec((size_t)n * n_heads * hd, 3.0f);
     const size_t no = (size_t)n * n_heads * hd;
     float *o = malloc(no * sizeof *o), *orf = malloc(no * sizeof *o), *o1 = malloc((size_t)n_heads * hd * sizeof *o);

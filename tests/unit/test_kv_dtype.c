@@ -31,10 +31,9 @@ static double unit_roundoff(td_dtype dt) { return dt == TD_F16 ? 0x1p-11 : dt ==
 static void test_kv_write(const td_kernels *k, td_dtype dt) {
     enum { BS = 5, NBLK = 4, NTOK = 7, D = 37 };
     int32_t ids[NBLK] = {2, 0, 3, 1};
-    const int32_t *tab[1] = {ids};
     uint16_t kc[NBLK * BS * D], vc[NBLK * BS * D];
     memset(kc, 0xff, sizeof kc), memset(vc, 0xff, sizeof vc);
-    td_kv_layer kv = {.k = kc, .v = vc, .block_table = tab, .block_size = BS, .kv_dim = D, .dtype = dt};
+    td_kv_layer kv = {.k = kc, .v = vc, .block_table = ids, .table_stride = NBLK, .block_size = BS, .kv_dim = D, .dtype = dt};
     float kx[NTOK * D], vx[NTOK * D];
     static const float special[] = {1e-6f, -3e-8f, 7e4f, -65519.0f, 65520.0f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f,
                                     1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 6.1e-5f, 0.0f, -0.0f, 1e30f, -INFINITY};
@@ -72,11 +71,10 @@ static void test_attention(const td_kernels *k, const shape *sh, td_dtype dt, do
     const int len[NSEQ] = {1, 45, MAXLEN - 3};  // tokens cached per sequence: one, short, long
     int32_t *ids = malloc((size_t)tot * sizeof *ids);
     for (int i = 0; i < tot; i++) ids[i] = (int32_t)((i * 7 + 3) % tot);  // 7 is coprime to tot: a permutation
-    const int32_t *tab[NSEQ] = {ids, ids + nblk, ids + 2 * nblk};
     const size_t cache = (size_t)tot * bs * kv_dim;
     float *K = calloc(cache, 4), *V = calloc(cache, 4), *Kr = calloc(cache, 4), *Vr = calloc(cache, 4);
     uint16_t *K16 = calloc(cache, 2), *V16 = calloc(cache, 2);
-    td_kv_layer kv32 = {.k = K, .v = V, .block_table = tab, .block_size = bs, .kv_dim = kv_dim, .dtype = TD_F32};
+    td_kv_layer kv32 = {.k = K, .v = V, .block_table = ids, .table_stride = nblk, .block_size = bs, .kv_dim = kv_dim, .dtype = TD_F32};
     td_kv_layer kvr = kv32, kv16 = kv32;
     kvr.k = Kr, kvr.v = Vr;
     kv16.k = K16, kv16.v = V16, kv16.dtype = dt;
