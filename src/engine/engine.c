@@ -497,6 +497,8 @@ static void snapshot(td_eng *e) {
 static bool step(td_eng *e) {
     td_sched_out out;
     td_sched_step(e->sched, &out);
+    // Forks' block copies first: the forward may read (and then extend) the copied blocks.
+    td_kv_pool_run_copies(e->pool, out.copies, out.n_copies);
     if (out.n_entries == 0) return false;
     const int V = e->vocab;
     int T = 0, rows = 0;

@@ -1,9 +1,12 @@
 // The paged KV block pool and its prefix cache (see kv_pool.h). Bookkeeping is a handful of
-// per-block arrays carved from one allocation; K/V data is a second, separate allocation.
+// per-block arrays carved from one allocation; K/V data is one buffer of the pool's backend (host
+// memory without one).
 // Nothing here allocates after td_kv_pool_create (except the debug td_kv_pool_check).
 #include "engine/kv_pool.h"
 
 #include <stdlib.h>
+
+#include "backend/backend.h"
 #include <string.h>
 #include <xxhash.h>
 
@@ -17,7 +20,9 @@ struct td_kv_pool {
     td_dtype dtype;
     size_t row_bytes;    // bytes of one token's K (or V) in one layer
     size_t block_bytes;  // bytes of one block's K (or V) in one layer: block_size * row_bytes
-    uint8_t *data;       // [n_layers][2][n_blocks][block_size][kv_dim] elements, or NULL
+    td_buffer *buf;      // K/V: [n_layers][2][n_blocks][block_size][kv_dim] elements, or NULL
+    uint8_t *data;       // buf's base address (backend memory), or NULL
+    uint64_t version;    // weights version mixed into the root hash (td_kv_pool_cache_reset)
     uint64_t hash_seed;
     td_kv_hash_fn hash_fn;
 
@@ -179,14 +184,15 @@ td_status td_kv_pool_create(const td_kv_pool_params *p, td_kv_pool **out, td_err
             return td_err_set(err, TD_ERR_LIMIT, "kv pool: %d blocks of %zu bytes overflow", n,
                               bpb);
         }
-        void *d = NULL;
-        if (posix_memalign(&d, 64, (size_t)total) != 0) {
+        td_buft *bt = p->backend ? td_backend_buft(p->backend) : td_host_buft();
+        td_err e2 = {0};
+        if (td_buffer_alloc(bt, (size_t)total, "kv pool", &pool->buf, &e2) != TD_OK) {
             free(m);
             return td_err_set(err, TD_ERR_NOMEM,
                               "kv pool: no memory for %llu bytes of K/V (%d blocks)",
                               (unsigned long long)total, n);
         }
-        pool->data = d;
+        pool->data = pool->buf->base;
     }
     *out = pool;
     return TD_OK;
@@ -194,7 +200,7 @@ td_status td_kv_pool_create(const td_kv_pool_params *p, td_kv_pool **out, td_err
 
 void td_kv_pool_free(td_kv_pool *pool) {
     if (!pool) return;
-    free(pool->data);
+    td_buffer_free(pool->buf);
     free(pool->meta);
 }
 
@@ -316,18 +322,51 @@ float *td_kv_pool_v(const td_kv_pool *pool, int32_t block, int layer) {
     return kv_ptr(pool, block, layer, 1);
 }
 
+td_buffer *td_kv_pool_buffer(const td_kv_pool *pool) { return pool->buf; }
+
+size_t td_kv_pool_offset(const td_kv_pool *pool, int32_t block, int layer, int kv) {
+    TD_ASSERT(pool->data && layer >= 0 && layer < pool->n_layers && block >= 0 && block < pool->n_blocks &&
+              (kv == 0 || kv == 1));
+    return (((size_t)layer * 2 + (size_t)kv) * (size_t)pool->n_blocks + (size_t)block) * pool->block_bytes;
+}
+
 void td_kv_pool_copy(td_kv_pool *pool, int32_t src, int32_t dst, int n_tokens) {
     TD_ASSERT(n_tokens >= 0 && n_tokens <= pool->block_size);
     if (!pool->data || n_tokens == 0 || src == dst) return;
     size_t n = (size_t)n_tokens * pool->row_bytes;
     for (int l = 0; l < pool->n_layers; l++)
         for (int kv = 0; kv < 2; kv++)
-            memcpy(kv_ptr(pool, dst, l, kv), kv_ptr(pool, src, l, kv), n);
+            td_buffer_copy(pool->buf, td_kv_pool_offset(pool, dst, l, kv), pool->buf,
+                           td_kv_pool_offset(pool, src, l, kv), n);
+}
+
+void td_kv_pool_run_copies(td_kv_pool *pool, const td_kv_copy *ops, int n_ops) {
+    for (int i = 0; i < n_ops; i++) td_kv_pool_copy(pool, ops[i].src, ops[i].dst, ops[i].n_tokens);
 }
 
 // ---- Prefix cache.
 
-uint64_t td_kv_pool_root_hash(const td_kv_pool *pool) { return pool->hash_seed; }
+uint64_t td_kv_pool_root_hash(const td_kv_pool *pool) {
+    // Version 0 keeps the plain seed (the hashes tests and older callers know).
+    return pool->version ? XXH3_64bits_withSeed(&pool->version, sizeof pool->version, pool->hash_seed)
+                         : pool->hash_seed;
+}
+
+uint64_t td_kv_pool_version(const td_kv_pool *pool) { return pool->version; }
+
+void td_kv_pool_cache_reset(td_kv_pool *pool, uint64_t version) {
+    // Evictable blocks leave the cache and become free; used cached blocks leave the cache
+    // (freed, not cached, when released): no entry of the old weights survives to be matched.
+    while (pool->lru_head >= 0) {
+        int32_t b = pool->lru_head;
+        lru_unlink(pool, b);
+        cache_unlink(pool, b);
+        pool->free_stack[pool->n_free++] = b;
+    }
+    for (int32_t b = 0; b < pool->n_blocks; b++)
+        if (pool->entry[b] != TD_KV_NO_ENTRY) cache_unlink(pool, b);
+    pool->version = version;
+}
 
 uint64_t td_kv_pool_hash(const td_kv_pool *pool, uint64_t parent_hash, const int32_t *tokens) {
     return pool->hash_fn(parent_hash, tokens, pool->block_size);
@@ -371,7 +410,7 @@ uint64_t td_kv_pool_cache_insert(td_kv_pool *pool, int32_t block, uint64_t hash,
 
 int td_kv_pool_cache_match(const td_kv_pool *pool, const int32_t *tokens, int n_blocks,
                            uint64_t *hashes, uint64_t *entries, int32_t *blocks) {
-    uint64_t h = pool->hash_seed, e = TD_KV_NO_ENTRY;
+    uint64_t h = td_kv_pool_root_hash(pool), e = TD_KV_NO_ENTRY;
     size_t bs = (size_t)pool->block_size;
     int i = 0;
     for (; i < n_blocks; i++) {

@@ -1,6 +1,8 @@
 // The paged KV cache: one pool of fixed-size blocks of keys and values for all layers, sized once
-// from a memory budget, reference-counted so that blocks are shared, plus an exact prefix cache
-// over full blocks (chained hash, token ids compared on every hit, LRU eviction of unused blocks).
+// from a memory budget and allocated as one buffer of a backend (backend/backend.h; host memory
+// without one), reference-counted so that blocks are shared, plus an exact prefix cache over full
+// blocks (chained hash from a root that mixes in the weights version, token ids compared on every
+// hit, LRU eviction of unused blocks).
 // It is not a scheduler: it never decides who gets blocks (engine/sched.h does) and it is not
 // thread-safe (one engine thread owns it).
 #ifndef TD_ENGINE_KV_POOL_H
@@ -11,6 +13,9 @@
 #include <stdint.h>
 #include "base/status.h"
 #include "tensor/dtype.h"
+
+struct td_backend;
+struct td_buffer;
 
 typedef struct td_kv_pool td_kv_pool;
 
@@ -36,6 +41,8 @@ typedef struct td_kv_pool_params {
     int n_blocks;           // > 0: exactly this many blocks, budget ignored
     bool alloc_data;        // false: bookkeeping only (scheduler tests, capacity planning); the
                             // data accessors then return NULL and dims may be 0
+    struct td_backend *backend;  // where K/V live (borrowed: must outlive the pool); NULL: host
+                                 // memory (td_host_buft)
     uint64_t hash_seed;     // parent hash of every sequence's first block (a salt; default 0)
     td_kv_hash_fn hash_fn;  // NULL: XXH3_64bits_withSeed(tokens, parent_hash)
 } td_kv_pool_params;
@@ -82,7 +89,9 @@ int td_kv_pool_refcount(const td_kv_pool *pool, int32_t block);
 
 // ---- Data access. Layout: for each layer, K then V, each [n_blocks, block_size, n_kv_heads *
 // head_dim] contiguous, so one layer's K (or V) cache is a single array that kernels index with
-// block * block_size + slot. All NULL for a pool without data.
+// block * block_size + slot. Addresses are the backend's (host pointers for a host backend): only
+// the backend's slots and buffer operations may touch them otherwise. All NULL for a pool without
+// data.
 size_t td_kv_pool_row_bytes(const td_kv_pool *pool);  // bytes of one token's K (or V) in a layer
 td_dtype td_kv_pool_dtype(const td_kv_pool *pool);
 void *td_kv_pool_layer_k(const td_kv_pool *pool, int layer);  // [n_blocks, block_size, kv_dim]
@@ -92,9 +101,19 @@ void *td_kv_pool_v_raw(const td_kv_pool *pool, int32_t block, int layer);
 // F32 pools only (an F16/BF16 pool asserts): [block_size, n_kv_heads * head_dim] floats.
 float *td_kv_pool_k(const td_kv_pool *pool, int32_t block, int layer);
 float *td_kv_pool_v(const td_kv_pool *pool, int32_t block, int layer);
+// The buffer holding every block (NULL without data), and the byte offset in it of one block's K
+// (kv 0) or V (kv 1) in a layer: where transfers and td_buffer_* calls address a block.
+struct td_buffer *td_kv_pool_buffer(const td_kv_pool *pool);
+size_t td_kv_pool_offset(const td_kv_pool *pool, int32_t block, int layer, int kv);
 // Copies the K and V of slots [0, n_tokens) of every layer from block src to block dst (fork of a
-// partially filled block). No-op without data.
+// partially filled block) through the buffer's backend. No-op without data.
 void td_kv_pool_copy(td_kv_pool *pool, int32_t src, int32_t dst, int n_tokens);
+// A block copy the scheduler decided (engine/sched.h: td_sched_out.copies) and the engine runs.
+typedef struct td_kv_copy {
+    int32_t src, dst;  // blocks
+    int n_tokens;      // slots [0, n_tokens) of every layer's K and V
+} td_kv_copy;
+void td_kv_pool_run_copies(td_kv_pool *pool, const td_kv_copy *ops, int n_ops);
 
 // ---- Prefix cache. A cache entry is a full block keyed by (parent entry, its block_size token
 // ids); its hash chains the parent's hash with its tokens. Lookups compare the parent entry and
@@ -104,9 +123,17 @@ void td_kv_pool_copy(td_kv_pool *pool, int32_t src, int32_t dst, int n_tokens);
 // the parent of a sequence's first block.
 #define TD_KV_NO_ENTRY 0
 
-// Hash of a full block given its parent's hash (td_kv_pool_root_hash for block 0).
+// Hash of a full block given its parent's hash (td_kv_pool_root_hash for block 0). The root hash
+// is the seed, mixed with the weights version when that is not 0.
 uint64_t td_kv_pool_hash(const td_kv_pool *pool, uint64_t parent_hash, const int32_t *tokens);
 uint64_t td_kv_pool_root_hash(const td_kv_pool *pool);
+
+// New weights: every cache entry is dropped (evictable blocks become free; blocks in use stay
+// with their sequences but are no longer cached, and are freed when released) and the root hash
+// mixes in `version` from now on, so KV computed by other weights can never be matched. Reference
+// counts are untouched. The scheduler calls it (td_sched_set_weights_version).
+void td_kv_pool_cache_reset(td_kv_pool *pool, uint64_t version);
+uint64_t td_kv_pool_version(const td_kv_pool *pool);
 
 // Finds the cached block for (hash, parent_entry, tokens[block_size]); -1 if absent. Changes no
 // reference count (take a hit with td_kv_pool_incref). *entry gets the entry id when found.

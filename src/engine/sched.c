@@ -31,6 +31,11 @@ struct td_sched {
     td_sched_entry *entries;  // [max_seqs] the step's batch
     uint64_t *preempted;      // [n_slots]
     int n_entries, n_preempted;
+    td_kv_copy *pend_copies;  // [n_slots] decided by forks since the last step
+    uint64_t *pend_seq;       // [n_slots] the child each pending copy is for
+    int n_pend_copies;
+    td_kv_copy *copies;       // [n_slots] the step's copies (out->copies)
+    int n_copies;
 
     uint64_t next_order;
     uint64_t n_steps;
@@ -126,6 +131,7 @@ td_status td_sched_create(const td_sched_params *p, td_kv_pool *pool, td_sched *
     sz += 2 * SZ((size_t)n_slots * sizeof(uint64_t));  // stamp, preempted
     sz += SZ((size_t)map_cap * sizeof(uint64_t)) + SZ((size_t)map_cap * sizeof(int32_t));
     sz += SZ((size_t)p->max_seqs * sizeof(td_sched_entry));
+    sz += 2 * SZ((size_t)n_slots * sizeof(td_kv_copy)) + SZ((size_t)n_slots * sizeof(uint64_t));
 #undef SZ
     td_sched *s = calloc(1, sizeof *s);
     uint8_t *m = calloc(1, sz);
@@ -150,6 +156,9 @@ td_status td_sched_create(const td_sched_params *p, td_kv_pool *pool, td_sched *
     CARVE(s->map_keys, map_cap);
     CARVE(s->map_vals, map_cap);
     CARVE(s->entries, p->max_seqs);
+    CARVE(s->pend_copies, n_slots);
+    CARVE(s->pend_seq, n_slots);
+    CARVE(s->copies, n_slots);
 #undef CARVE
     s->mem = m;
     s->p = *p;
@@ -235,8 +244,20 @@ static td_status seq_init(td_sched *s, td_seq *q, uint64_t id, int capacity) {
 
 static int slot_of(const td_sched *s, const td_seq *q) { return (int)(q - s->slots); }
 
+// Drops the pending block copy decided for sequence id (it ended before any forward needed it).
+static void drop_pending_copy(td_sched *s, uint64_t id) {
+    for (int i = 0; i < s->n_pend_copies; i++)
+        if (s->pend_seq[i] == id) {
+            s->n_pend_copies--;
+            memmove(s->pend_copies + i, s->pend_copies + i + 1, (size_t)(s->n_pend_copies - i) * sizeof *s->pend_copies);
+            memmove(s->pend_seq + i, s->pend_seq + i + 1, (size_t)(s->n_pend_copies - i) * sizeof *s->pend_seq);
+            return;
+        }
+}
+
 static void seq_destroy(td_sched *s, td_seq *q) {
     int slot = slot_of(s, q);
+    drop_pending_copy(s, q->id);
     if (q->state == TD_SEQ_RUNNING)
         queue_remove(s->running, &s->n_running, slot);
     else if (q->state == TD_SEQ_WAITING)
@@ -305,7 +326,9 @@ td_status td_sched_add(td_sched *s, uint64_t seq_id, const int32_t *prompt, int 
 
 // ---- the step
 
-static void preempt(td_sched *s, int run_idx) {
+// Sends running[run_idx] back to the waiting queue with its tokens: its KV is recomputed at the
+// next admission.
+static void requeue(td_sched *s, int run_idx) {
     int slot = s->running[run_idx];
     td_seq *q = &s->slots[slot];
     queue_remove_at(s->running, &s->n_running, run_idx);
@@ -314,10 +337,24 @@ static void preempt(td_sched *s, int run_idx) {
     q->n_hashed = 0;
     q->prefilling = true;
     q->state = TD_SEQ_WAITING;
-    q->n_preemptions++;
     queue_insert(s, s->waiting, &s->n_waiting, slot);
-    s->preempted[s->n_preempted++] = q->id;
+}
+
+static void preempt(td_sched *s, int run_idx) {
+    const uint64_t id = s->slots[s->running[run_idx]].id;
+    s->slots[s->running[run_idx]].n_preemptions++;
+    requeue(s, run_idx);
+    s->preempted[s->n_preempted++] = id;
     s->n_preemptions++;
+}
+
+void td_sched_set_weights_version(td_sched *s, uint64_t version) {
+    // Nothing computed with the old weights is committed: the running sequences' blocks are
+    // released uncached (the cache reset below also uncaches their earlier blocks), then every one
+    // of them waits to be recomputed, oldest first, as a preempted sequence does.
+    while (s->n_running > 0) requeue(s, s->n_running - 1);
+    s->n_pend_copies = 0;  // their children were requeued with them
+    td_kv_pool_cache_reset(s->pool, version);
 }
 
 // Gives running[idx] blocks for up to `want` more tokens; returns how many it got (0..want).
@@ -375,6 +412,10 @@ static void emit(td_sched *s, td_seq *q, int n, int n_new, bool is_prefill, int 
 void td_sched_step(td_sched *s, td_sched_out *out) {
     s->n_steps++;
     s->n_entries = s->n_preempted = 0;
+    // The forks' block copies, for the engine to run before this step's forward.
+    memcpy(s->copies, s->pend_copies, (size_t)s->n_pend_copies * sizeof *s->copies);
+    s->n_copies = s->n_pend_copies;
+    s->n_pend_copies = 0;
     int n_admitted = 0, n_new_total = 0, n_tokens = 0;
 
     // The previous step's forward has run: its full blocks may now serve other prompts.
@@ -468,6 +509,8 @@ void td_sched_step(td_sched *s, td_sched_out *out) {
     out->n_preempted = s->n_preempted;
     out->n_admitted = n_admitted;
     out->n_new_blocks = n_new_total;
+    out->copies = s->copies;
+    out->n_copies = s->n_copies;
 }
 
 // ---- between steps
@@ -546,7 +589,10 @@ td_status td_sched_fork(td_sched *s, uint64_t parent_id, uint64_t child_id, td_e
             }
             c->n_blocks = full;
             if (part) {
-                td_kv_pool_copy(s->pool, par->blocks[full], copy, part);
+                // Recorded, not run: the engine runs it through the backend before the next
+                // forward (td_sched_out.copies), and nothing writes slots [0, part) before that.
+                s->pend_copies[s->n_pend_copies] = (td_kv_copy){par->blocks[full], copy, part};
+                s->pend_seq[s->n_pend_copies++] = child_id;
                 c->blocks[c->n_blocks++] = copy;
             }
             memcpy(c->hashes, par->hashes, (size_t)par->n_hashed * sizeof(uint64_t));

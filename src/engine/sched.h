@@ -6,7 +6,8 @@
 //
 // Call protocol (the engine's step loop):
 //   td_sched_add / td_sched_fork / td_sched_cancel / td_sched_finish   at any time between steps
-//   td_sched_step(&out)  -> run the forward over out.entries (writing K/V through each table)
+//   td_sched_step(&out)  -> run out.copies (td_kv_pool_run_copies), then the forward over
+//                           out.entries (writing K/V through each table)
 //   td_sched_append_token for every entry with needs_logits, after sampling
 //   ... and again. Calling td_sched_step (or td_sched_finish / td_sched_fork) tells the scheduler
 //   that the previous step's forward completed: only then are its full blocks entered into the
@@ -72,6 +73,10 @@ typedef struct td_sched_out {
     int n_preempted;
     int n_admitted;    // sequences moved from waiting to running this step
     int n_new_blocks;  // blocks allocated this step
+    // Block copies decided since the previous step (forks' partly filled blocks): the engine runs
+    // them, in order, before this step's forward, even when n_entries is 0.
+    const td_kv_copy *copies;
+    int n_copies;
 } td_sched_out;
 
 // Forms the next batch (policy in docs/engine.md). Everything `out` points to is owned by the
@@ -102,12 +107,20 @@ td_status td_sched_cancel(td_sched *s, uint64_t seq_id);
 // Forks sequence parent_id into a new sequence child_id with the same tokens and capacity (n > 1
 // samples: fork after the prompt's last chunk, then append a different sampled token to each).
 // The child shares the parent's full blocks (one more reference each) and gets a private copy of
-// the partly filled last block (td_kv_pool_copy), so no block is ever written by two sequences.
+// the partly filled last block (a copy returned by the next td_sched_step in out.copies, which the
+// engine runs before that step's forward), so no block is ever written by two sequences.
 // A running parent's child runs at once when a running slot and a block for the copy are free;
 // otherwise it waits (ahead of later arrivals) and recomputes, reusing the shared prefix from
 // the cache. Errors: TD_ERR_NOT_FOUND (parent), TD_ERR_INVALID (child id live),
 // TD_ERR_LIMIT (no free slot), TD_ERR_NOMEM. On error nothing changed.
 td_status td_sched_fork(td_sched *s, uint64_t parent_id, uint64_t child_id, td_err *err);
+
+// New model weights (engine command): every running sequence goes back to the waiting queue with
+// its tokens (nothing of its KV is entered into the prefix cache) to be recomputed under the new
+// weights, pending fork copies are dropped, and the pool's prefix cache is reset to `version`
+// (td_kv_pool_cache_reset): no KV computed by the old weights is ever read again. Call between
+// steps, after the last step's forward.
+void td_sched_set_weights_version(td_sched *s, uint64_t version);
 
 // The live sequence with this id, or NULL. Read-only; valid until it finishes or is cancelled.
 const td_seq *td_sched_get(const td_sched *s, uint64_t seq_id);

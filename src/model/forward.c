@@ -507,3 +507,10 @@ static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl, f
     td_backend_matmul(be, &f->mw[c->n_layers * MW_N], NULL, f->xn, logits, n_out);  // (n_out, vocab)
     return TD_OK;
 }
+
+struct td_backend *td_forward_backend(td_forward *f) { return f->be; }
+
+td_status td_forward_set_weights(td_forward *f, td_export_get_fn get, void *ctx, td_err *err) {
+    (void)f, (void)get, (void)ctx;
+    return td_err_set(err, TD_ERR_UNSUPPORTED, "forward: set_weights is not implemented yet");
+}

@@ -14,7 +14,10 @@
 
 #include "base/status.h"
 #include "kernels/kernels.h"
+#include "model/export.h"
 #include "model/model.h"
+
+struct td_backend;
 
 typedef struct td_forward td_forward;
 
@@ -26,6 +29,12 @@ typedef struct td_forward_params {
     bool external_kv;      // no own KV cache: only td_forward_run_kv may be used (max_ctx then
                            // only bounds positions; it sizes nothing)
     td_dtype kv_dtype;     // element type of the own KV cache: TD_F32 (default), TD_F16, TD_BF16
+    struct td_backend *backend;  // the backend every slot runs on (borrowed: must outlive the
+                                 // forward; the engine's KV pool and a trainer in the same process
+                                 // share it); NULL: the forward makes a CPU backend of n_threads
+    bool own_weights;      // copy every weight into backend memory the forward owns, so that
+                           // td_forward_set_weights can replace them (a host backend otherwise
+                           // reads mapped weights in place; a device backend always copies)
 } td_forward_params;
 
 // max_batch_tokens 512, max_seqs 1, max_ctx 0 (model's, capped), n_threads 0, own KV cache.
@@ -78,5 +87,19 @@ void td_forward_seq_clear(td_forward *f, int seq_id);
 int td_forward_seq_len(const td_forward *f, int seq_id);
 
 const td_model_config *td_forward_config(const td_forward *f);
+
+// Replaces every weight in place from a named-tensor source (Hugging Face names and layout, f32
+// values: td_export_model_get over another loaded model of the same config, the trainer's
+// parameters, a checkpoint reader): each tensor is fetched into a host staging buffer sized at
+// create and converted into the buffers the forward already owns (dtype, GGUF Q/K row order,
+// packed copies redone), allocating nothing. Needs own_weights (or a device backend):
+// TD_ERR_UNSUPPORTED otherwise. Cached KV of the own cache is forgotten (every length becomes 0).
+// On failure (a tensor missing or of the wrong size: the source's error, naming it) some weights
+// may already be new: td_forward_run then refuses to run (TD_ERR_INVALID, "weights incomplete")
+// until a later td_forward_set_weights succeeds, so a mix is never computed. Not thread-safe
+// (the forward's one caller, between runs).
+td_status td_forward_set_weights(td_forward *f, td_export_get_fn get, void *ctx, td_err *err);
+// The backend the forward runs on (borrowed or its own; valid while f lives).
+struct td_backend *td_forward_backend(td_forward *f);
 
 #endif

@@ -210,6 +210,7 @@ static inline int sim_step(sim *s, td_sched_out *out_copy) {
     td_sched_out out;
     s->step++;
     td_sched_step(s->sched, &out);
+    td_kv_pool_run_copies(s->pool, out.copies, out.n_copies);  // as the engine does, first
     if (out_copy) *out_copy = out;
     if (out.n_tokens > s->max_tokens_seen) s->max_tokens_seen = out.n_tokens;
     if (out.n_entries > s->max_entries_seen) s->max_entries_seen = out.n_entries;
