@@ -45,6 +45,7 @@ const char *td_status_name(td_status s) {
     case TD_ERR_NOMEM: return "nomem";
     case TD_ERR_NOT_FOUND: return "not_found";
     case TD_ERR_LIMIT: return "limit";
+    case TD_ERR_TIMEOUT: return "timeout";
     }
     return "unknown";
 }

@@ -16,6 +16,7 @@ typedef enum td_status {
     TD_ERR_NOMEM,        // allocation failed or a budget is exhausted
     TD_ERR_NOT_FOUND,    // a named key, tensor or file is missing
     TD_ERR_LIMIT,        // a size or count limit was exceeded (retryable with smaller input)
+    TD_ERR_TIMEOUT,      // a peer did not arrive before a deadline (dist/ communicators)
 } td_status;
 
 #define TD_ERR_MSG_MAX 512
