@@ -25,7 +25,7 @@
 
 static const char *const PROF_NAMES[TD_PROF_N] = {"matmul (1 token)", "matmul (batch)", "rmsnorm", "rope", "kv_write",
                                                    "attention", "silu_mul", "embed", "add", "get_rows",
-                                                   "backward"};
+                                                   "backward", "optimizer"};
 
 void td_backend_free(td_backend *be) {
     if (!be) return;
@@ -142,6 +142,24 @@ TRAIN_WRAPPER(attention_bwd, td_attention_bwd_args)
 TRAIN_WRAPPER(swiglu_bwd, td_swiglu_bwd_args)
 TRAIN_WRAPPER(embed_bwd, td_embed_bwd_args)
 TRAIN_WRAPPER(xent, td_xent_args)
+#undef TRAIN_WRAPPER
+
+// The optimizer's slots: their own profile bucket, so a profile shows the update apart from the
+// backward. Zero elements is a no-op (sumsq then writes zero partials).
+void td_backend_sumsq(td_backend *be, const td_sumsq_args *a) {
+    TD_ASSERT(be->iface->sumsq != NULL && a->n >= 0 && a->part != NULL);
+    PROFILED(be, TD_PROF_OPTIM, be->iface->sumsq(be->ctx, a));
+}
+void td_backend_scale(td_backend *be, const td_scale_args *a) {
+    TD_ASSERT(be->iface->scale != NULL && a->n >= 0);
+    if (a->n == 0) return;
+    PROFILED(be, TD_PROF_OPTIM, be->iface->scale(be->ctx, a));
+}
+void td_backend_adamw(td_backend *be, const td_adamw_args *a) {
+    TD_ASSERT(be->iface->adamw != NULL && a->n >= 0);
+    if (a->n == 0) return;
+    PROFILED(be, TD_PROF_OPTIM, be->iface->adamw(be->ctx, a));
+}
 
 int td_backend_n_slices(const td_backend *be) { return be->n_slices > 0 ? be->n_slices : 1; }
 

@@ -104,6 +104,12 @@ typedef struct td_backend_iface {
     void (*swiglu_bwd)(void *ctx, const td_swiglu_bwd_args *a);
     void (*embed_bwd)(void *ctx, const td_embed_bwd_args *a);
     void (*xent)(void *ctx, const td_xent_args *a);
+    // The optimizer (kernels/backward.h): sumsq fills part[0 .. td_backend_n_slices) with one
+    // partial sum per slice (td_ref_sumsq's split), so the caller's total is the same whatever
+    // the thread timing; scale and adamw are per element.
+    void (*sumsq)(void *ctx, const td_sumsq_args *a);
+    void (*scale)(void *ctx, const td_scale_args *a);
+    void (*adamw)(void *ctx, const td_adamw_args *a);
     // Optional packed weight layouts (kernels.h, TD_PACK_*): bytes of w's packed copy (0: none),
     // and writing it into dst (64-byte aligned); returns the layout for w->packing.
     size_t (*pack_bytes)(void *ctx, const td_tensor *w);
@@ -122,7 +128,8 @@ typedef struct td_backend_iface {
 // TANDEM_PROFILE=1: the wrappers below time every slot call (wall clock, as the caller waits) and
 // td_backend_free prints the totals per slot to stderr: where a forward's time goes.
 enum { TD_PROF_MATMUL_1, TD_PROF_MATMUL_N, TD_PROF_RMSNORM, TD_PROF_ROPE, TD_PROF_KV_WRITE, TD_PROF_ATTENTION,
-       TD_PROF_SILU_MUL, TD_PROF_EMBED, TD_PROF_ADD, TD_PROF_GET_ROWS, TD_PROF_BACKWARD, TD_PROF_N };
+       TD_PROF_SILU_MUL, TD_PROF_EMBED, TD_PROF_ADD, TD_PROF_GET_ROWS, TD_PROF_BACKWARD, TD_PROF_OPTIM,
+       TD_PROF_N };
 
 typedef struct td_backend {
     const td_backend_iface *iface;
@@ -173,8 +180,13 @@ void td_backend_attention_bwd(td_backend *be, const td_attention_bwd_args *a);
 void td_backend_swiglu_bwd(td_backend *be, const td_swiglu_bwd_args *a);
 void td_backend_embed_bwd(td_backend *be, const td_embed_bwd_args *a);
 void td_backend_xent(td_backend *be, const td_xent_args *a);
+// The optimizer's slots. sumsq: a->part has td_backend_n_slices(be) entries, all written; add
+// them in index order for the total (the trainer's gradient norm).
+void td_backend_sumsq(td_backend *be, const td_sumsq_args *a);
+void td_backend_scale(td_backend *be, const td_scale_args *a);
+void td_backend_adamw(td_backend *be, const td_adamw_args *a);
 // Worker slices the backend splits work into (the CPU: its pool's threads). Callers size
-// per-slice scratch with it (attention_bwd's scratch rows).
+// per-slice scratch with it (attention_bwd's scratch rows, sumsq's partial sums).
 int td_backend_n_slices(const td_backend *be);
 
 // ---- Memory through the backend.

@@ -84,6 +84,11 @@ CPU_BWD(attention_bwd, td_attention_bwd_args, td_ref_attention_bwd)
 CPU_BWD(swiglu_bwd, td_swiglu_bwd_args, td_ref_swiglu_bwd)
 CPU_BWD(embed_bwd, td_embed_bwd_args, td_ref_embed_bwd)
 CPU_BWD(xent, td_xent_args, td_ref_xent)
+// The optimizer's kernels, one slice per worker: sumsq's partials are indexed by ith, so the
+// pool's size is the n_slices the caller sized them for.
+CPU_BWD(sumsq, td_sumsq_args, td_ref_sumsq)
+CPU_BWD(scale, td_scale_args, td_ref_scale)
+CPU_BWD(adamw, td_adamw_args, td_ref_adamw)
 
 static void cpu_mm_bwd(void *ctx, const td_mm_bwd_args *a) {
     if (a->dx) cpu_mm_bwd_x(ctx, a);
@@ -180,6 +185,9 @@ static const td_backend_iface cpu_iface = {
     .swiglu_bwd = cpu_swiglu_bwd,
     .embed_bwd = cpu_embed_bwd,
     .xent = cpu_xent,
+    .sumsq = cpu_sumsq,
+    .scale = cpu_scale,
+    .adamw = cpu_adamw,
     .pack_bytes = cpu_pack_bytes,
     .pack = cpu_pack,
     .buft = cpu_buft,

@@ -119,4 +119,43 @@ typedef struct td_xent_args {
 } td_xent_args;
 void td_ref_xent(const td_xent_args *a, int ith, int nth);
 
+// ---- The optimizer's kernels (src/kernels/ref/optim.c): the gradient's global norm, clipping by
+// it, and AdamW. Per element, so any split gives the same values; the sum of squares is the one
+// reduction, and its order is fixed by (n, nth) alone.
+
+// Partial sums of squares in double for a global L2 norm: slice ith writes part[ith] = the sum of
+// (double)x[i]^2 over its td_split share of [0, n), i ascending. The caller adds part[0], ...,
+// part[nth - 1] in that order, so the total depends on n and nth, never on thread timing.
+typedef struct td_sumsq_args {
+    const float *x;  // [n]
+    int64_t n;
+    double *part;    // [nth]: one partial sum per slice
+} td_sumsq_args;
+void td_ref_sumsq(const td_sumsq_args *a, int ith, int nth);
+
+// x[i] *= s (gradient clipping by the global norm).
+typedef struct td_scale_args {
+    float *x;  // [n]
+    int64_t n;
+    float s;
+} td_scale_args;
+void td_ref_scale(const td_scale_args *a, int ith, int nth);
+
+// One AdamW step over n elements in f32, in torch.optim.AdamW's order (train/adamw.h):
+//   w *= decay;  m = lerp(m, g, 1 - beta1);  v = beta2 v + (1 - beta2) g^2;
+//   w -= step_size * m / (sqrt(v) / bc2_sqrt + eps)
+// The step-dependent scalars come precomputed (in f32, by the optimizer) so every backend
+// multiplies the same numbers.
+typedef struct td_adamw_args {
+    float *w;        // [n] parameters, updated in place
+    const float *g;  // [n] gradient
+    float *m, *v;    // [n] first and second moments, updated in place
+    int64_t n;
+    float decay;      // 1 - lr * weight_decay (decayed tensors), or 1
+    float step_size;  // lr / (1 - beta1^t)
+    float bc2_sqrt;   // sqrt(1 - beta2^t)
+    float beta1, beta2, eps;
+} td_adamw_args;
+void td_ref_adamw(const td_adamw_args *a, int ith, int nth);
+
 #endif

@@ -1,5 +1,6 @@
-// AdamW over the flat parameter buffer, tensor by tensor (decay flag per tensor), each tensor's
-// elements split over the pool. Arithmetic in f32 in torch's order (see adamw.h).
+// AdamW over the flat parameter buffer, tensor by tensor (decay flag per tensor): the step's
+// scalars here, the per-element update in the backend's adamw slot (td_ref_adamw on the CPU).
+// Arithmetic in f32 in torch's order (see adamw.h).
 #include "train/adamw.h"
 
 #include <math.h>
@@ -36,39 +37,28 @@ void td_adamw_free(td_adamw *o) {
     free(o);
 }
 
-typedef struct upd_job {
-    const td_adamw *o;
-    const td_tparam *t;
-    float lr, bc1, bc2_sqrt;
-} upd_job;
-
-static void upd_task(void *ctx, int ith, int nth) {
-    const upd_job *j = ctx;
-    const td_tparam *t = j->t;
-    const td_adamw_params *p = &j->o->p;
-    long lo, hi;
-    td_split((long)(t->rows * t->cols), ith, nth, &lo, &hi);
-    float *m = j->o->m + t->offset, *v = j->o->v + t->offset;
-    const float decay = t->decay ? 1.0f - j->lr * p->weight_decay : 1.0f;
-    const float step_size = j->lr / j->bc1;
-    for (long i = lo; i < hi; i++) {
-        const float g = t->grad[i];
-        float w = t->data[i] * decay;
-        m[i] += (g - m[i]) * (1.0f - p->beta1);  // lerp, as torch
-        v[i] = v[i] * p->beta2 + (1.0f - p->beta2) * g * g;
-        const float denom = sqrtf(v[i]) / j->bc2_sqrt + p->eps;
-        t->data[i] = w - step_size * m[i] / denom;
-    }
-}
-
 void td_adamw_update(td_adamw *o, const td_tparam *tensors, int n_tensors, float lr,
-                     td_pool *pool) {
+                     td_backend *be) {
     o->step++;
-    const float bc1 = (float)(1.0 - pow(o->p.beta1, (double)o->step));
-    const float bc2_sqrt = (float)sqrt(1.0 - pow(o->p.beta2, (double)o->step));
-    for (int i = 0; i < n_tensors; i++) {
-        upd_job j = {.o = o, .t = &tensors[i], .lr = lr, .bc1 = bc1, .bc2_sqrt = bc2_sqrt};
-        td_pool_run(pool, upd_task, &j);
+    const td_adamw_params *p = &o->p;
+    const float bc1 = (float)(1.0 - pow(p->beta1, (double)o->step));
+    const float bc2_sqrt = (float)sqrt(1.0 - pow(p->beta2, (double)o->step));
+    const float step_size = lr / bc1;
+    const float decay = 1.0f - lr * p->weight_decay;
+    for (int i = 0; i < n_tensors; i++) {  // one slot call per tensor: the decay flag is per tensor
+        const td_tparam *t = &tensors[i];
+        const td_adamw_args a = {.w = t->data,
+                                 .g = t->grad,
+                                 .m = o->m + t->offset,
+                                 .v = o->v + t->offset,
+                                 .n = t->rows * t->cols,
+                                 .decay = t->decay ? decay : 1.0f,
+                                 .step_size = step_size,
+                                 .bc2_sqrt = bc2_sqrt,
+                                 .beta1 = p->beta1,
+                                 .beta2 = p->beta2,
+                                 .eps = p->eps};
+        td_backend_adamw(be, &a);
     }
 }
 

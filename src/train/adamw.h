@@ -10,8 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "base/status.h"
-#include "base/threadpool.h"
 #include "train/model_train.h"
 
 typedef struct td_adamw_params {
@@ -29,8 +29,11 @@ td_status td_adamw_create(size_t n_params, const td_adamw_params *p, td_adamw **
 void td_adamw_free(td_adamw *o);  // NULL is fine
 
 // One update of every tensor (views into the same layout as m and v) with learning rate lr;
-// increments the step first (bias correction uses t = step after the increment). pool may be NULL.
-void td_adamw_update(td_adamw *o, const td_tparam *tensors, int n_tensors, float lr, td_pool *pool);
+// increments the step first (bias correction uses t = step after the increment). The update runs
+// on be's adamw slot (borrowed, not NULL; a host backend: tensors, m and v are host memory), one
+// call per tensor; the values do not depend on the backend's slice count.
+void td_adamw_update(td_adamw *o, const td_tparam *tensors, int n_tensors, float lr,
+                     td_backend *be);
 
 // State access for checkpoints: m, v ([n_params] each) and the step count.
 float *td_adamw_m(td_adamw *o);

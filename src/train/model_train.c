@@ -1,7 +1,8 @@
 // The trainable model: parameter/gradient/activation layout (sized first, allocated once, carved
-// with pointers, llm.c style), the forward keeping activations, and the backward. In FP32 mode the
-// forward runs the same kernels as the inference forward (kernels.h), so the two agree; the
-// backward kernels live in kernels/backward.h. Not here: optimizer, accumulation, clipping.
+// with pointers, llm.c style), the forward keeping activations, and the backward. All math goes
+// through td_backend slots: the forward calls the inference forward's slots (so in FP32 the two
+// agree bit for bit on one backend), the backward the training slots (kernels/backward.h).
+// Not here: optimizer, accumulation, clipping.
 #include "train/model_train.h"
 
 #include <math.h>
@@ -10,8 +11,6 @@
 #include <string.h>
 
 #include "base/rng.h"
-#include "kernels/backward.h"
-#include "kernels/kernels.h"
 #include "train/gemm.h"
 
 typedef struct layer_params {  // views into the parameter (or gradient) buffer; NULL when absent
@@ -41,9 +40,9 @@ struct td_tmodel {
     td_model_config c;
     td_tmodel_params p;
     int N, D, qd, kvd, F, V, L;
-    int n_threads;  // of the pool
-    const td_kernels *k;
-    td_pool *pool;
+    int n_slices;    // td_backend_n_slices(be): sizes the attention backward's scratch
+    td_backend *be;  // p.backend, or own_be
+    td_backend *own_be;  // created (and freed) by the model when p.backend is NULL
     double inv_freq[TD_ATTN_MAX_HEAD_DIM / 2];
 
     td_tparam *tensors;
@@ -64,7 +63,7 @@ struct td_tmodel {
     float *dk, *dv;      // [N, kvd]
     float *dkn;          // [N, kvd] d(k before qk-norm) (only with qk_norm)
     float *rstd;         // [N * max(nh, 1)]
-    float *att_scratch;  // [pool threads, T] attention backward: one softmax row per thread
+    float *att_scratch;  // [n_slices, T] attention backward: one softmax row per slice
     float *xr, *dyr;     // BF16 only: [N, max(D, F, qd)] matmul operands rounded to bf16
     float *wbf;          // BF16 only: [n_params] the parameters rounded to bf16, per forward
     int32_t *tokens, *targets, *pos, *negpos, *seq_id;  // [N]
@@ -74,71 +73,16 @@ struct td_tmodel {
 
 td_tmodel_params td_tmodel_default_params(void) {
     return (td_tmodel_params){
-        .batch = 1, .seq_len = 64, .n_threads = 0, .precision = TD_TRAIN_FP32, .recompute = 0};
+        .batch = 1, .seq_len = 64, .n_threads = 0, .precision = TD_TRAIN_FP32, .recompute = 0,
+        .backend = NULL};
 }
-
-// ------------------------------------------------------------------ tasks on the pool
-
-typedef struct kjob {
-    const td_kernels *k;
-    union {
-        td_matmul_args mm;
-        td_rmsnorm_args rn;
-        td_rope_args rope;
-        td_attention_args att;
-        td_silu_mul_args sm;
-        td_embed_args emb;
-        td_add_args add;
-    } u;
-} kjob;
-
-static void t_matmul(void *c, int i, int n) {
-    const kjob *j = c;
-    j->k->matmul(&j->u.mm, i, n);
-}
-static void t_rmsnorm(void *c, int i, int n) {
-    const kjob *j = c;
-    j->k->rmsnorm(&j->u.rn, i, n);
-}
-static void t_rope(void *c, int i, int n) {
-    const kjob *j = c;
-    j->k->rope(&j->u.rope, i, n);
-}
-static void t_attention(void *c, int i, int n) {
-    const kjob *j = c;
-    j->k->attention(&j->u.att, i, n);
-}
-static void t_silu_mul(void *c, int i, int n) {
-    const kjob *j = c;
-    j->k->silu_mul(&j->u.sm, i, n);
-}
-static void t_embed(void *c, int i, int n) {
-    const kjob *j = c;
-    j->k->embed(&j->u.emb, i, n);
-}
-static void t_add(void *c, int i, int n) {
-    const kjob *j = c;
-    j->k->add(&j->u.add, i, n);
-}
-
-#define BWD_TASK(name, T, fn) \
-    static void name(void *c, int i, int n) { fn((const T *)c, i, n); }
-BWD_TASK(t_round, td_round_bf16_args, td_ref_round_bf16)
-BWD_TASK(t_mm_bwd_x, td_mm_bwd_args, td_ref_mm_bwd_x)
-BWD_TASK(t_mm_bwd_w, td_mm_bwd_args, td_ref_mm_bwd_w)
-BWD_TASK(t_rn_bwd_x, td_rmsnorm_bwd_args, td_ref_rmsnorm_bwd_x)
-BWD_TASK(t_rn_bwd_w, td_rmsnorm_bwd_args, td_ref_rmsnorm_bwd_w)
-BWD_TASK(t_att_bwd, td_attention_bwd_args, td_ref_attention_bwd)
-BWD_TASK(t_swiglu_bwd, td_swiglu_bwd_args, td_ref_swiglu_bwd)
-BWD_TASK(t_embed_bwd, td_embed_bwd_args, td_ref_embed_bwd)
-BWD_TASK(t_xent, td_xent_args, td_ref_xent)
 
 static int is_bf16(const td_tmodel *tm) { return tm->p.precision == TD_TRAIN_BF16; }
 
-// y[n] = bf16(x[n]) on the pool.
+// y[n] = bf16(x[n]).
 static void round_bf16(td_tmodel *tm, const float *x, float *y, size_t n) {
     td_round_bf16_args a = {.x = x, .y = y, .n = (int64_t)n};
-    td_pool_run(tm->pool, t_round, &a);
+    td_backend_round_bf16(tm->be, &a);
 }
 
 // The bf16-rounded copy of parameter tensor w (a view into wbf at the same offset).
@@ -146,8 +90,8 @@ static const float *wbf_of(const td_tmodel *tm, const float *w) {
     return tm->wbf + (w - tm->params);
 }
 
-// y[N, n_out] = x W^T + b with the inference kernel. BF16: x and W rounded to bf16 first (bf16
-// products, f32 accumulation; the bias stays f32).
+// y[N, n_out] = x W^T + b with the inference forward's matmul slot. BF16: x and W rounded to bf16
+// first (bf16 products, f32 accumulation; the bias stays f32).
 static void mm(td_tmodel *tm, const float *w, const float *b, const float *x, float *y, int n_out,
                int n_in) {
     if (is_bf16(tm)) {
@@ -162,13 +106,12 @@ static void mm(td_tmodel *tm, const float *w, const float *b, const float *x, fl
         td_gemm('N', 'T', N, n_out, n_in, 1.0f, x, n_in, w, n_in, b ? 1.0f : 0.0f, y, n_out);
         return;
     }
-    td_tensor wt = {.type = TD_F32,
-                    .ndim = 2,
-                    .ne = {n_out, n_in},
-                    .data = w,
-                    .nbytes = (size_t)n_out * n_in * sizeof(float)};
-    kjob j = {.k = tm->k, .u.mm = {.w = &wt, .bias = b, .x = x, .y = y, .n_tok = tm->N}};
-    td_pool_run(tm->pool, t_matmul, &j);
+    const td_tensor wt = {.type = TD_F32,
+                          .ndim = 2,
+                          .ne = {n_out, n_in},
+                          .data = w,
+                          .nbytes = (size_t)n_out * n_in * sizeof(float)};
+    td_backend_matmul(tm->be, &wt, b, x, y, tm->N);
 }
 
 // Backward of y = x W^T + b: dx (= or +=) dy W; dW += dy^T x; db += sum dy. BF16: dy, W and x
@@ -191,9 +134,9 @@ static void mm_bwd(td_tmodel *tm, const float *w, const float *x, float *dy, flo
                     dx, n_in);
         if (dw)  // dW[n_out, n_in] += dy^T x
             td_gemm('T', 'N', n_out, n_in, N, 1.0f, dyo, n_out, x, n_in, 1.0f, dw, n_in);
-        if (db) {  // the kernel with no dW sums the bias gradient only
+        if (db) {  // the slot with no dx and no dW sums the bias gradient only
             td_mm_bwd_args a = {.dy = dyo, .db = db, .n_tok = tm->N, .n_out = n_out, .n_in = n_in};
-            td_pool_run(tm->pool, t_mm_bwd_w, &a);
+            td_backend_mm_bwd(tm->be, &a);
         }
         return;
     }
@@ -207,14 +150,11 @@ static void mm_bwd(td_tmodel *tm, const float *w, const float *x, float *dy, flo
                         .n_out = n_out,
                         .n_in = n_in,
                         .accumulate = accumulate};
-    td_pool_run(tm->pool, t_mm_bwd_x, &a);
-    td_pool_run(tm->pool, t_mm_bwd_w, &a);
+    td_backend_mm_bwd(tm->be, &a);
 }
 
 static void rmsnorm(td_tmodel *tm, const float *x, const float *w, float *y, int rows, int n) {
-    kjob j = {.k = tm->k,
-              .u.rn = {.x = x, .w = w, .y = y, .n_rows = rows, .n = n, .eps = tm->c.norm_eps}};
-    td_pool_run(tm->pool, t_rmsnorm, &j);
+    td_backend_rmsnorm(tm->be, x, w, y, rows, n, tm->c.norm_eps);
 }
 
 static void rmsnorm_bwd(td_tmodel *tm, const float *x, const float *w, const float *dy, float *dx,
@@ -229,20 +169,12 @@ static void rmsnorm_bwd(td_tmodel *tm, const float *x, const float *w, const flo
                              .n = n,
                              .eps = tm->c.norm_eps,
                              .accumulate = accumulate};
-    td_pool_run(tm->pool, t_rn_bwd_x, &a);
-    td_pool_run(tm->pool, t_rn_bwd_w, &a);
+    td_backend_rmsnorm_bwd(tm->be, &a);
 }
 
 static void rope(td_tmodel *tm, float *x, const int32_t *pos, int n_heads) {
-    kjob j = {.k = tm->k,
-              .u.rope = {.x = x,
-                         .pos = pos,
-                         .inv_freq = tm->inv_freq,
-                         .n_tok = tm->N,
-                         .n_heads = n_heads,
-                         .head_dim = tm->c.head_dim,
-                         .neox = tm->c.rope_style == TD_ROPE_NEOX}};
-    td_pool_run(tm->pool, t_rope, &j);
+    td_backend_rope(tm->be, x, pos, tm->inv_freq, tm->N, n_heads, tm->c.head_dim,
+                    tm->c.rope_style == TD_ROPE_NEOX);
 }
 
 // ------------------------------------------------------------------ layout
@@ -374,7 +306,7 @@ static size_t carve_acts(td_tmodel *tm, float *base) {
     TAKE(tm->dv, N * kvd);
     if (tm->c.qk_norm) TAKE(tm->dkn, N * kvd);
     TAKE(tm->rstd, N * (size_t)nh);
-    TAKE(tm->att_scratch, (size_t)tm->n_threads * tm->p.seq_len);
+    TAKE(tm->att_scratch, (size_t)tm->n_slices * tm->p.seq_len);
     if (tm->p.precision == TD_TRAIN_BF16) {
         size_t wmax = D > F ? D : F;
         wmax = wmax > qd ? wmax : qd;
@@ -442,13 +374,26 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     tm->F = c->ffn_dim;
     tm->V = c->vocab_size;
     tm->L = c->n_layers;
-    tm->k = td_kernels_get(NULL);
-    if (!tm->k) tm->k = &td_kernels_ref;
     rope_init(tm);
 
-    // Count, allocate once, carve (the pool first: its size sizes per-thread scratch).
-    tm->pool = td_pool_create(p.n_threads);
-    tm->n_threads = tm->pool ? td_pool_size(tm->pool) : 1;
+    // The backend first: its slice count sizes per-slice scratch. Count, allocate once, carve.
+    tm->be = p.backend;
+    if (!tm->be) {
+        td_backend_cpu_params bp = td_backend_cpu_default_params();
+        bp.n_threads = p.n_threads;  // kernels NULL: $TANDEM_KERNELS or the best, as the engine
+        if ((st = td_backend_cpu_create(&bp, &tm->own_be, err))) {
+            free(tm);
+            return st;
+        }
+        tm->be = tm->own_be;
+    }
+    if (!td_backend_is_host(tm->be)) {  // params, grads and activations are malloc memory
+        st = td_err_set(err, TD_ERR_UNSUPPORTED,
+                        "train: the %s backend's memory is not host memory", td_backend_name(tm->be));
+        td_tmodel_free(tm);
+        return st;
+    }
+    tm->n_slices = td_backend_n_slices(tm->be);
     sizer s = {.tm = tm};
     layout(&s);
     tm->n_tensors = s.n;
@@ -469,7 +414,7 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     tm->blk_ids = malloc((size_t)p.batch * sizeof *tm->blk_ids);
     if (!tm->tensors || !tm->pw.l || !tm->gw.l || !tm->res || !tm->la || !tm->params ||
         !tm->grads || (p.precision == TD_TRAIN_BF16 && !tm->wbf) || !tm->acts || !tm->tokens ||
-        !tm->blk_ids || !tm->pool) {
+        !tm->blk_ids) {
         st = td_err_set(err, TD_ERR_NOMEM,
                         "train: out of memory (%zu parameters, %zu MiB of activations)",
                         tm->n_params, n_acts * sizeof(float) >> 20);
@@ -498,7 +443,7 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
 
 void td_tmodel_free(td_tmodel *tm) {
     if (!tm) return;
-    td_pool_free(tm->pool);
+    td_backend_free(tm->own_be);
     free(tm->tensors);
     free(tm->pw.l);
     free(tm->gw.l);
@@ -532,7 +477,7 @@ float *td_tmodel_grads_buf(td_tmodel *tm, size_t *n) {
     if (n) *n = tm->n_params;
     return tm->grads;
 }
-td_pool *td_tmodel_pool(td_tmodel *tm) { return tm->pool; }
+td_backend *td_tmodel_backend(td_tmodel *tm) { return tm->be; }
 size_t td_tmodel_activation_bytes(const td_tmodel *tm) {
     td_tmodel tmp = *tm;  // carve_acts with base NULL only counts
     return carve_acts(&tmp, NULL) * sizeof(float);
@@ -670,31 +615,18 @@ static void layer_forward(td_tmodel *tm, int l, layer_acts *a) {
                       .table_stride = 1,
                       .block_size = tm->p.seq_len,
                       .kv_dim = kvd};
-    kjob j = {.k = tm->k,
-              .u.att = {.q = a->q,
-                        .kv = &kv,
-                        .seq_id = tm->seq_id,
-                        .pos = tm->pos,
-                        .out = a->att,
-                        .n_tok = N,
-                        .n_heads = c->n_heads,
-                        .n_kv_heads = c->n_kv_heads,
-                        .head_dim = c->head_dim,
-                        .scale = 1.0f / sqrtf((float)c->head_dim)}};
-    td_pool_run(tm->pool, t_attention, &j);
+    td_backend_attention(tm->be, a->q, &kv, tm->seq_id, tm->pos, a->att, N, c->n_heads,
+                         c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim));
     mm(tm, w->wo, NULL, a->att, a->xmid, D, qd);
-    j.u.add = (td_add_args){.y = a->xmid, .x = x, .n = (int64_t)N * D};
-    td_pool_run(tm->pool, t_add, &j);
+    td_backend_add(tm->be, a->xmid, x, (int64_t)N * D);
     rmsnorm(tm, a->xmid, w->ffn_norm, a->xn2, N, D);
     mm(tm, w->w_gate, NULL, a->xn2, a->gate, F, D);
     mm(tm, w->w_up, NULL, a->xn2, a->up, F, D);
     memcpy(a->h, a->gate, (size_t)N * F * sizeof(float));
-    j.u.sm = (td_silu_mul_args){.gate = a->h, .up = a->up, .n = (int64_t)N * F};
-    td_pool_run(tm->pool, t_silu_mul, &j);
+    td_backend_silu_mul(tm->be, a->h, a->up, (int64_t)N * F);
     float *y = tm->res[l + 1];
     mm(tm, w->w_down, NULL, a->h, y, D, F);
-    j.u.add = (td_add_args){.y = y, .x = a->xmid, .n = (int64_t)N * D};
-    td_pool_run(tm->pool, t_add, &j);
+    td_backend_add(tm->be, y, a->xmid, (int64_t)N * D);
 }
 
 static layer_acts *acts_of(td_tmodel *tm, int l) { return &tm->la[tm->p.recompute ? 0 : l]; }
@@ -720,9 +652,7 @@ td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t 
                      .ne = {V, tm->D},
                      .data = tm->pw.tok_embd,
                      .nbytes = (size_t)V * tm->D * sizeof(float)};
-    kjob j = {.k = tm->k,
-              .u.emb = {.table = &emb, .tokens = tm->tokens, .y = tm->res[0], .n_tok = N}};
-    td_pool_run(tm->pool, t_embed, &j);
+    td_backend_embed(tm->be, &emb, tm->tokens, tm->res[0], N);
     for (int l = 0; l < tm->L; l++) layer_forward(tm, l, acts_of(tm, l));
     rmsnorm(tm, tm->res[tm->L], tm->pw.out_norm, tm->xnf, N, tm->D);
     mm(tm, tm->pw.output, NULL, tm->xnf, tm->logits, V, tm->D);
@@ -738,7 +668,7 @@ td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t 
                           .n_tok = N,
                           .vocab = V,
                           .want_grad = 0};
-        td_pool_run(tm->pool, t_xent, &x);
+        td_backend_xent(tm->be, &x);
         for (int i = 0; i < N; i++)
             if (targets[i] >= 0) sum += tm->losses[i], cnt++;
     }
@@ -762,7 +692,7 @@ static void layer_backward(td_tmodel *tm, int l, const layer_acts *a) {
                              .dgate = tm->dh,
                              .dup = tm->dup,
                              .n = (int64_t)N * F};
-    td_pool_run(tm->pool, t_swiglu_bwd, &sw);
+    td_backend_swiglu_bwd(tm->be, &sw);
     mm_bwd(tm, w->w_gate, a->xn2, tm->dh, tm->dxn, g->w_gate, NULL, F, D, 0, 0);
     mm_bwd(tm, w->w_up, a->xn2, tm->dup, tm->dxn, g->w_up, NULL, F, D, 1, 0);
     rmsnorm_bwd(tm, a->xmid, w->ffn_norm, tm->dxn, tm->dres, g->ffn_norm, N, D,
@@ -784,7 +714,7 @@ static void layer_backward(td_tmodel *tm, int l, const layer_acts *a) {
                                 .n_kv_heads = c->n_kv_heads,
                                 .head_dim = c->head_dim,
                                 .scale = 1.0f / sqrtf((float)c->head_dim)};
-    td_pool_run(tm->pool, t_att_bwd, &ab);
+    td_backend_attention_bwd(tm->be, &ab);
     rope(tm, tm->dq, tm->negpos, c->n_heads);
     rope(tm, tm->dk, tm->negpos, c->n_kv_heads);
     float *dqp = tm->dq, *dkp = tm->dk;  // d(q, k) before the qk-norm
@@ -813,7 +743,7 @@ td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err) {
                       .vocab = V,
                       .dscale = dscale,
                       .want_grad = 1};
-    td_pool_run(tm->pool, t_xent, &x);  // logits -> dlogits
+    td_backend_xent(tm->be, &x);  // logits -> dlogits
     mm_bwd(tm, tm->pw.output, tm->xnf, tm->logits, tm->dxn, tm->gw.output, NULL, V, D, 0, 0);
     rmsnorm_bwd(tm, tm->res[tm->L], tm->pw.out_norm, tm->dxn, tm->dres, tm->gw.out_norm, N, D, 0);
     for (int l = tm->L - 1; l >= 0; l--) {
@@ -824,6 +754,6 @@ td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err) {
     }
     td_embed_bwd_args eb = {
         .tokens = tm->tokens, .dy = tm->dres, .dtable = tm->gw.tok_embd, .n_tok = N, .dim = D};
-    td_pool_run(tm->pool, t_embed_bwd, &eb);
+    td_backend_embed_bwd(tm->be, &eb);
     return TD_OK;
 }

@@ -1,16 +1,18 @@
 // The trainable Llama-family model: f32 master weights in one contiguous buffer with a view per
 // tensor, gradients in a second buffer of the same layout, and an activation buffer sized once from
 // (batch, seq_len); the forward that keeps what the backward needs, and the hand-written backward.
-// Not here: the optimizer (train/adamw.h), the step with accumulation and clipping
-// (train/trainer.h).
+// Every piece of math runs through a td_backend (backend/backend.h): the forward slots the
+// inference forward calls, the training slots for the backward; so trainer and engine compute the
+// same function by calling the same slots. Not here: the optimizer (train/adamw.h), the step with
+// accumulation and clipping (train/trainer.h).
 #ifndef TD_TRAIN_MODEL_TRAIN_H
 #define TD_TRAIN_MODEL_TRAIN_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "base/status.h"
-#include "base/threadpool.h"
 #include "model/config.h"
 #include "model/model.h"
 
@@ -20,20 +22,25 @@ typedef enum {
 } td_train_precision;
 
 typedef enum {
-    TD_TRAIN_GEMM_KERNELS = 0,  // matmuls on the kernel table (forward) and kernels/backward.h
+    TD_TRAIN_GEMM_KERNELS = 0,  // matmuls on the backend's matmul and mm_bwd slots
     TD_TRAIN_GEMM_DNNL,         // oneDNN sgemm for every matmul (train/gemm.h; when built in)
 } td_train_gemm;
 
 typedef struct td_tmodel_params {
     int batch;      // sequences per micro-batch (B)
     int seq_len;    // tokens per sequence (T); positions 0..T-1
-    int n_threads;  // <= 0: all online CPUs
+    int n_threads;  // the own CPU backend's threads (<= 0: all online CPUs); unused with backend
     td_train_precision precision;
     int recompute;       // 1: keep only each layer's input and recompute the layer in backward
     td_train_gemm gemm;  // TD_TRAIN_GEMM_DNNL without oneDNN built in: create fails
+    // Borrowed; must outlive the model, and be a host backend (the trainer's buffers are host
+    // memory). NULL: create makes its own CPU backend (n_threads, kernel set $TANDEM_KERNELS or
+    // the best) and frees it with the model. Sharing one with td_forward makes both run the same
+    // slots on the same kernel set.
+    td_backend *backend;
 } td_tmodel_params;
 
-// batch 1, seq_len 64, n_threads 0, FP32, no recomputation.
+// batch 1, seq_len 64, n_threads 0, FP32, no recomputation, own backend.
 td_tmodel_params td_tmodel_default_params(void);
 
 // One parameter tensor: a view into the parameter buffer and the same view into the gradients.
@@ -51,7 +58,9 @@ typedef struct td_tmodel td_tmodel;
 // Sizes and allocates everything once (parameters, gradients, activations for B x T tokens,
 // gradient scratch). Parameters start at zero: call td_tmodel_init_random or td_tmodel_load.
 // c must pass td_config_validate; head_dim even and <= TD_ATTN_MAX_HEAD_DIM. On success *out is
-// owned by the caller (td_tmodel_free); on failure *out is NULL and nothing leaks.
+// owned by the caller (td_tmodel_free); on failure *out is NULL and nothing leaks. A kernel set
+// $TANDEM_KERNELS names that does not exist is TD_ERR_INVALID (own backend only); a backend whose
+// memory is not host memory is TD_ERR_UNSUPPORTED.
 td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *p, td_tmodel **out,
                            td_err *err);
 void td_tmodel_free(td_tmodel *tm);  // NULL is fine
@@ -73,13 +82,16 @@ const td_tparam *td_tmodel_tensor(const td_tmodel *tm, int i);           // i in
 const td_tparam *td_tmodel_find(const td_tmodel *tm, const char *name);  // NULL if absent
 float *td_tmodel_params_buf(td_tmodel *tm, size_t *n);  // n: elements (both buffers)
 float *td_tmodel_grads_buf(td_tmodel *tm, size_t *n);
-td_pool *td_tmodel_pool(td_tmodel *tm);  // the model's thread pool (borrowed)
+// The backend every slot runs on (p.backend, or the model's own): borrowed, valid until
+// td_tmodel_free. The optimizer and clipping run on it too (trainer.h).
+td_backend *td_tmodel_backend(td_tmodel *tm);
 size_t td_tmodel_activation_bytes(const td_tmodel *tm);
 
 void td_tmodel_zero_grad(td_tmodel *tm);
 
-// Forward and backward allocate nothing and are not thread-safe (one caller per model; the model's
-// pool does the threading).
+// Forward and backward allocate nothing and are not thread-safe (one caller per model, and one
+// caller per backend at a time: a shared backend's slots must not be issued concurrently; the
+// backend does the threading).
 
 // Forward over tokens[B*T] (row b*T + t is token t of sequence b). targets[B*T] (ids, or -1 to
 // ignore) may be NULL: then no loss. On success *loss_sum is the sum of per-token losses over the

@@ -130,7 +130,7 @@ static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long 
     cJSON_AddNumberToObject(o, "seq_len", mp.seq_len);
     cJSON_AddNumberToObject(o, "grad_accum", tp->grad_accum);
     cJSON_AddNumberToObject(o, "tokens_per_step", (double)mp.batch * mp.seq_len * tp->grad_accum);
-    cJSON_AddNumberToObject(o, "threads", td_pool_size(td_tmodel_pool(tm)));
+    cJSON_AddNumberToObject(o, "threads", td_backend_n_slices(td_tmodel_backend(tm)));
     cJSON_AddStringToObject(o, "precision", mp.precision == TD_TRAIN_BF16 ? "bf16" : "fp32");
     cJSON_AddBoolToObject(o, "recompute", mp.recompute != 0);
     cJSON_AddStringToObject(o, "gemm", mp.gemm == TD_TRAIN_GEMM_DNNL ? "dnnl" : "kernels");

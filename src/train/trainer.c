@@ -1,6 +1,7 @@
 // The training step: accumulate gradients over micro-batches, clip by global norm, AdamW at the
 // scheduled learning rate. The mean is over all counted targets of the step, so accumulating k
-// micro-batches gives the gradient of one batch k times larger.
+// micro-batches gives the gradient of one batch k times larger. The norm, the clipping scale and
+// the update run on the model's backend (its sumsq, scale and adamw slots).
 #include "train/trainer.h"
 
 #include <math.h>
@@ -10,6 +11,7 @@ struct td_trainer {
     td_tmodel *tm;  // borrowed
     td_trainer_params p;
     td_adamw *opt;
+    double *norm_part;  // [td_backend_n_slices] the gradient norm's partial sums of squares
 };
 
 td_trainer_params td_trainer_default_params(void) {
@@ -41,6 +43,11 @@ td_status td_trainer_create(td_tmodel *tm, const td_trainer_params *pp, td_train
         free(t);
         return st;
     }
+    t->norm_part = calloc((size_t)td_backend_n_slices(td_tmodel_backend(tm)), sizeof *t->norm_part);
+    if (!t->norm_part) {
+        td_trainer_free(t);
+        return td_err_set(err, TD_ERR_NOMEM, "trainer: out of memory");
+    }
     *out = t;
     return TD_OK;
 }
@@ -48,39 +55,12 @@ td_status td_trainer_create(td_tmodel *tm, const td_trainer_params *pp, td_train
 void td_trainer_free(td_trainer *t) {
     if (!t) return;
     td_adamw_free(t->opt);
+    free(t->norm_part);
     free(t);
 }
 
 td_adamw *td_trainer_adamw(td_trainer *t) { return t->opt; }
 long td_trainer_step_count(const td_trainer *t) { return td_adamw_step_count(t->opt); }
-
-typedef struct norm_job {
-    const float *g;
-    size_t n;
-    double part[1024];
-} norm_job;
-
-static void norm_task(void *ctx, int ith, int nth) {
-    norm_job *j = ctx;
-    long lo, hi;
-    td_split((long)j->n, ith, nth, &lo, &hi);
-    double s = 0.0;
-    for (long i = lo; i < hi; i++) s += (double)j->g[i] * j->g[i];
-    j->part[ith] = s;
-}
-
-typedef struct scale_job {
-    float *g;
-    size_t n;
-    float s;
-} scale_job;
-
-static void scale_task(void *ctx, int ith, int nth) {
-    const scale_job *j = ctx;
-    long lo, hi;
-    td_split((long)j->n, ith, nth, &lo, &hi);
-    for (long i = lo; i < hi; i++) j->g[i] *= j->s;
-}
 
 td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *targets,
                           td_step_stats *stats, td_err *err) {
@@ -112,13 +92,11 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
 
     size_t n;
     float *g = td_tmodel_grads_buf(tm, &n);
-    td_pool *pool = td_tmodel_pool(tm);
-    norm_job nj = {.g = g, .n = n};
-    const int nth = pool ? td_pool_size(pool) : 1;
-    TD_ASSERT(nth <= 1024);
-    td_pool_run(pool, norm_task, &nj);
-    double ss = 0.0;
-    for (int i = 0; i < nth; i++) ss += nj.part[i];
+    td_backend *be = td_tmodel_backend(tm);
+    const td_sumsq_args sq = {.x = g, .n = (int64_t)n, .part = t->norm_part};
+    td_backend_sumsq(be, &sq);
+    double ss = 0.0;  // the partials in slice order: the same total whatever the thread timing
+    for (int i = 0; i < td_backend_n_slices(be); i++) ss += t->norm_part[i];
     const double norm = sqrt(ss);
     const long step = td_adamw_step_count(t->opt);
     const float lr = td_lr_at(&t->p.lr, step);
@@ -134,10 +112,10 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
     if (t->p.grad_clip > 0.0f) {
         const double coef = t->p.grad_clip / (norm + 1e-6);  // as torch.nn.utils.clip_grad_norm_
         if (coef < 1.0) {
-            scale_job sj = {.g = g, .n = n, .s = (float)coef};
-            td_pool_run(pool, scale_task, &sj);
+            const td_scale_args sc = {.x = g, .n = (int64_t)n, .s = (float)coef};
+            td_backend_scale(be, &sc);
         }
     }
-    td_adamw_update(t->opt, td_tmodel_tensor(tm, 0), td_tmodel_n_tensors(tm), lr, pool);
+    td_adamw_update(t->opt, td_tmodel_tensor(tm, 0), td_tmodel_n_tensors(tm), lr, be);
     return TD_OK;
 }

@@ -1,6 +1,7 @@
 // One optimizer step: micro-batches with gradient accumulation (the loss is the mean over every
 // counted target of the step), backward, global-norm clipping, the warm-up + cosine schedule and
-// AdamW. The trainer borrows the model; it owns only the optimizer state.
+// AdamW. The trainer borrows the model (and runs the norm, the clipping and AdamW on the model's
+// backend, td_tmodel_backend); it owns only the optimizer state and the norm's partial sums.
 // Not here: data loading, checkpoints, logging (cli/cmd_train.c wires those).
 #ifndef TD_TRAIN_TRAINER_H
 #define TD_TRAIN_TRAINER_H
