@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/backend.h"
 #include "base/log.h"
 #include "engine/kv_pool.h"
 #include "engine/sampler.h"
@@ -75,6 +76,7 @@ struct td_eng {
     int n_eos;
     int64_t created;
 
+    td_backend *be;  // the one backend the forward and the KV pool share (owned)
     td_forward *fwd;
     td_kv_pool *pool;
     td_sched *sched;
@@ -876,6 +878,10 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
     }
     kp.dtype = p.kv_cache_dtype;
     kp.alloc_data = true;
+    td_backend_cpu_params bp = td_backend_cpu_default_params();
+    bp.n_threads = p.n_threads;
+    if ((st = td_backend_cpu_create(&bp, &e->be, err))) goto fail;
+    kp.backend = e->be;
     size_t bpb = td_kv_pool_bytes_per_block(&kp);
     if (!bpb) {
         st = td_err_set(err, TD_ERR_INVALID, "engine: bad KV dimensions");
@@ -906,6 +912,7 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
     fp.max_ctx = max_ctx;
     fp.n_threads = p.n_threads;
     fp.external_kv = true;
+    fp.backend = e->be;
     if ((st = td_forward_create(m, &fp, &e->fwd, err))) goto fail;
 
     td_sched_params sp = td_sched_default_params();
@@ -986,6 +993,7 @@ void td_eng_free(td_eng *e) {
     td_sched_free(e->sched);
     td_kv_pool_free(e->pool);
     td_forward_free(e->fwd);
+    td_backend_free(e->be);  // after everything that allocated from it
     td_sampler_free(e->smp);
     td_chat_template_free(e->tmpl);
     free(e->b_tok), free(e->b_pos), free(e->b_seq), free(e->b_want), free(e->tables), free(e->kvl);

@@ -1,8 +1,11 @@
-// Llama-family inference forward over a flat multi-sequence batch, reading weights in place and
-// calling math only through the backend. Sizes everything at create; td_forward_run allocates
-// nothing. Owns a contiguous KV cache of f32, f16 or bf16 (one block of max_ctx rows per sequence
-// per layer), or none when created with external_kv (td_forward_run_kv then reads the caller's
-// paged cache).
+// Llama-family inference forward over a flat multi-sequence batch. Every piece of math runs
+// through the backend's slots, on addresses in the backend's memory: the forward places every
+// weight it uses once at create (through td_backend_tensor_place and td_backend_pack; a host
+// backend reads mapped matmul weights and the embedding table in place unless own_weights),
+// allocates its activation scratch and its own KV cache from the backend once, uploads each
+// batch's token ids, positions, sequence ids and block table with td_backend_set_async, and
+// gathers the logits rows on the backend. td_forward_run allocates nothing; neither does
+// td_forward_set_weights, which rewrites the placed weights from a named-tensor source.
 #include "model/forward.h"
 
 #include <math.h>
@@ -15,35 +18,65 @@
 
 enum { MW_Q, MW_K, MW_V, MW_O, MW_GATE, MW_UP, MW_DOWN, MW_N };  // a layer's matmul weights in f->mw
 
-typedef struct layer_vecs {  // f32 copies of a layer's small 1-D tensors (NULL when absent)
-    float *attn_norm, *ffn_norm, *bq, *bk, *bv, *q_norm, *k_norm;
+typedef struct layer_vecs {  // f32 copies of a layer's small 1-D tensors in backend memory (NULL when absent)
+    const float *attn_norm, *ffn_norm, *bq, *bk, *bv, *q_norm, *k_norm;
 } layer_vecs;
+
+// One weight the forward reads, by its Hugging Face name: where it came from and where it was
+// placed (td_forward_set_weights walks this list).
+typedef enum { W_MAT, W_EMBED, W_VEC } wkind;
+typedef struct wslot {
+    char name[64];        // HF name
+    wkind kind;
+    const td_tensor *src; // the model's tensor
+    td_tensor *view;      // the placed view the slots read (mw[i], &f->embd, or &f->vec_views[i])
+    int perm_heads;       // GGUF llama: rows stored permuted for this many heads (Q/K), else 0
+} wslot;
 
 struct td_forward {
     const td_model *m;  // not owned
     td_model_config c;
     td_forward_params p;
-    td_backend *be;
+    td_backend *be;     // p.backend, or own_be
+    td_backend *own_be; // made by create when p.backend is NULL (freed with the forward)
     int q_dim, kv_dim;
-    const td_tensor *output;  // output head: m->output, or tok_embd when tied and absent
-    td_tensor *mw;            // [n_layers * MW_N + 1] matmul weights as the kernels read them
-                              // (the model's views, or packed: pack_weights); the last: output
-    void *packed;             // the packed copies, one buffer (NULL: none)
-    size_t packed_bytes;
+    const td_tensor *output;  // the model's output head: m->output, or tok_embd when tied and absent
+    bool owned;               // every weight is a copy in wbuf (own_weights or a device backend)
+    bool weights_ok;          // false after a failed td_forward_set_weights
 
-    double inv_freq[TD_ATTN_MAX_HEAD_DIM / 2];  // [head_dim / 2], scaling and rope_freqs folded in
-    layer_vecs *lv;   // [n_layers]
-    float *out_norm;  // [dim]
-    float *vecs;      // the one buffer that lv and out_norm point into
+    // Weights as the slots read them. mw: [n_layers * MW_N + 1] matmul weights (the last: the
+    // output head), each the model's view (host backend, not owned) or a copy in wbuf, plus a
+    // packed copy in pbuf where the kernels have a layout. embd: the embedding table.
+    td_tensor *mw;
+    td_tensor embd;
+    td_tensor *vec_views;   // [n_vecs] the f32 norms and biases, in wbuf
+    layer_vecs *lv;         // [n_layers] pointers into vec_views' data
+    const float *out_norm;  // [dim]
+    const double *inv_freq; // [head_dim / 2] in wbuf: radians per position, scaling folded in
+    double inv_freq_host[TD_ATTN_MAX_HEAD_DIM / 2];
+    td_buffer *wbuf;        // owned copies of weights, the f32 vectors and inv_freq
+    td_buffer *pbuf;        // packed copies (NULL: none)
+    wslot *ws;              // [n_ws]
+    int n_ws, n_vecs;
+    float *staging;         // host f32 staging for td_forward_set_weights: [staging_elems]
+    float *staging_perm;    // [staging_elems] of the permuted Q/K rows (rope NORM models), or NULL
+    size_t staging_elems;
 
-    unsigned char *kv;        // [n_layers][2][max_seqs][max_ctx][kv_dim] of p.kv_dtype
-    td_kv_layer *kvl;         // [n_layers]
-    int32_t *blk_ids;         // [max_seqs] flat block table (stride 1): sequence s is block s
-    int *seq_len;             // [max_seqs] cached positions
-    int *last_pos;            // [max_seqs] scratch for batch validation
+    // Own KV cache (NULL with external_kv): [n_layers][2][max_seqs][max_ctx][kv_dim] of kv_dtype.
+    td_buffer *kvbuf;
+    td_kv_layer *kvl;  // [n_layers]
+    int *seq_len;      // [max_seqs] cached positions (host bookkeeping)
+    int *last_pos;     // [max_seqs] scratch for batch validation
 
-    float *x, *xn, *q, *k, *v, *att, *gate, *up;  // activation scratch, [max_batch_tokens, *]
-    float *scratch;
+    // Activation scratch in backend memory, [max_batch_tokens, *] floats, then the batch inputs.
+    td_buffer *sbuf;
+    float *x, *xn, *q, *k, *v, *att, *gate, *up;
+    int32_t *d_tok, *d_pos, *d_seq, *d_rows;  // [max_batch_tokens] uploaded per run
+    int32_t *d_table;    // [max_seqs * table_cap] the run's block table (own: the identity)
+    size_t table_cap;    // ids per sequence row the upload area holds
+    float *d_logits;     // [max_batch_tokens, vocab] for a device backend (NULL on a host one)
+    int32_t *rows_host;  // [max_batch_tokens] host staging of the logits row indices
+    size_t off_tok, off_pos, off_seq, off_rows, off_table, off_logits;  // byte offsets in sbuf
 };
 
 td_forward_params td_forward_default_params(void) {
@@ -51,6 +84,7 @@ td_forward_params td_forward_default_params(void) {
 }
 
 const td_model_config *td_forward_config(const td_forward *f) { return &f->c; }
+td_backend *td_forward_backend(td_forward *f) { return f->be; }
 
 static td_status check_mat(const td_tensor *t, int64_t rows, int64_t cols, const char *name,
                            int layer, td_err *err) {
@@ -116,7 +150,7 @@ static td_status rope_init(td_forward *f, td_err *err) {
                 inv = (1.0 - smooth) * inv / factor + smooth * inv;
             }
         }
-        f->inv_freq[i] = inv;
+        f->inv_freq_host[i] = inv;
     }
     if (td_tensor_present(&f->m->rope_freqs)) {
         float ff[TD_ATTN_MAX_HEAD_DIM / 2];
@@ -126,7 +160,7 @@ static td_status rope_init(td_forward *f, td_err *err) {
             if (!(ff[i] > 0.0f))
                 return td_err_set(err, TD_ERR_INVALID, "forward: rope_freqs[%d] = %g is not positive", i,
                                   (double)ff[i]);
-            f->inv_freq[i] /= ff[i];
+            f->inv_freq_host[i] /= ff[i];
         }
     }
     return TD_OK;
@@ -175,49 +209,6 @@ static td_status check_weights(td_forward *f, td_err *err) {
     return TD_OK;
 }
 
-// f32 elements of the small-vector buffer: out_norm, per layer norms/biases.
-static size_t vecs_elems(const td_model_config *c, int q_dim, int kv_dim) {
-    size_t per = 2 * (size_t)c->dim;
-    if (c->qkv_bias) per += (size_t)q_dim + 2 * (size_t)kv_dim;
-    if (c->qk_norm) per += 2 * (size_t)c->head_dim;
-    return (size_t)c->dim + per * (size_t)c->n_layers;
-}
-
-static td_status load_vecs(td_forward *f, td_err *err) {
-    const td_model_config *c = &f->c;
-    float *p = f->vecs;
-    td_status st;
-    f->out_norm = p, p += c->dim;
-    if ((st = load_vec(&f->m->out_norm, c->dim, f->out_norm, "output_norm", -1, err))) return st;
-    for (int l = 0; l < c->n_layers; l++) {
-        const td_layer_weights *w = &f->m->layers[l];
-        layer_vecs *v = &f->lv[l];
-        v->attn_norm = p, p += c->dim;
-        v->ffn_norm = p, p += c->dim;
-        if ((st = load_vec(&w->attn_norm, c->dim, v->attn_norm, "attn_norm", l, err)) ||
-            (st = load_vec(&w->ffn_norm, c->dim, v->ffn_norm, "ffn_norm", l, err)))
-            return st;
-        if (c->qkv_bias) {
-            v->bq = p, p += f->q_dim;
-            v->bk = p, p += f->kv_dim;
-            v->bv = p, p += f->kv_dim;
-            if ((st = load_vec(&w->bq, f->q_dim, v->bq, "bq", l, err)) ||
-                (st = load_vec(&w->bk, f->kv_dim, v->bk, "bk", l, err)) ||
-                (st = load_vec(&w->bv, f->kv_dim, v->bv, "bv", l, err)))
-                return st;
-        }
-        if (c->qk_norm) {
-            v->q_norm = p, p += c->head_dim;
-            v->k_norm = p, p += c->head_dim;
-            if ((st = load_vec(&w->q_norm, c->head_dim, v->q_norm, "q_norm", l, err)) ||
-                (st = load_vec(&w->k_norm, c->head_dim, v->k_norm, "k_norm", l, err)))
-                return st;
-        }
-    }
-    TD_ASSERT((size_t)(p - f->vecs) == vecs_elems(c, f->q_dim, f->kv_dim));
-    return TD_OK;
-}
-
 // MemAvailable from /proc/meminfo in bytes (free memory plus what the OS can reclaim), 0 if unknown.
 static uint64_t mem_available_bytes(void) {
     FILE *fp = fopen("/proc/meminfo", "r");
@@ -230,45 +221,173 @@ static uint64_t mem_available_bytes(void) {
     return (uint64_t)kb * 1024;
 }
 
-// f->mw: every matmul weight as the backend's kernels read it best. Where the kernels have a packed
-// layout for a weight (kernels.h, TD_PACK_*), a copy in that layout goes into one buffer that the
-// forward owns (about the size of those weights again; the model's mapped pages stay untouched
-// afterwards and the OS may drop them). TANDEM_PACK=0 keeps the model's layout.
-static td_status pack_weights(td_forward *f, td_err *err) {
-    const int nl = f->c.n_layers, n = nl * MW_N + 1;
-    f->mw = calloc((size_t)n, sizeof *f->mw);
-    if (!f->mw) return td_err_set(err, TD_ERR_NOMEM, "forward: out of memory");
+
+// The weight list: every tensor the forward reads, by HF name, in a fixed order.
+static td_status build_slots(td_forward *f, td_err *err) {
+    const td_model_config *c = &f->c;
+    const int nl = c->n_layers;
+    const int max_ws = 3 + nl * 14;
+    f->ws = calloc((size_t)max_ws, sizeof *f->ws);
+    f->mw = calloc((size_t)nl * MW_N + 1, sizeof *f->mw);
+    f->vec_views = calloc((size_t)(1 + nl * 7), sizeof *f->vec_views);
+    f->lv = calloc((size_t)nl, sizeof *f->lv);
+    if (!f->ws || !f->mw || !f->vec_views || !f->lv) return td_err_set(err, TD_ERR_NOMEM, "forward: out of memory");
+    const int norm = c->rope_style == TD_ROPE_NORM;
+#define SLOT(kind_, src_, view_, perm_, ...)                                  \
+    do {                                                                      \
+        wslot *w_ = &f->ws[f->n_ws++];                                        \
+        snprintf(w_->name, sizeof w_->name, __VA_ARGS__);                     \
+        w_->kind = kind_, w_->src = src_, w_->view = view_, w_->perm_heads = perm_; \
+    } while (0)
+#define VEC(src_, ...) SLOT(W_VEC, src_, &f->vec_views[f->n_vecs++], 0, __VA_ARGS__)
+    SLOT(W_EMBED, &f->m->tok_embd, &f->embd, 0, "model.embed_tokens.weight");
+    VEC(&f->m->out_norm, "model.norm.weight");
     for (int l = 0; l < nl; l++) {
         const td_layer_weights *w = &f->m->layers[l];
-        const td_tensor *src[MW_N] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
-        for (int i = 0; i < MW_N; i++) f->mw[l * MW_N + i] = *src[i];
+        td_tensor *mw = &f->mw[l * MW_N];
+        VEC(&w->attn_norm, "model.layers.%d.input_layernorm.weight", l);
+        SLOT(W_MAT, &w->wq, &mw[MW_Q], norm ? c->n_heads : 0, "model.layers.%d.self_attn.q_proj.weight", l);
+        SLOT(W_MAT, &w->wk, &mw[MW_K], norm ? c->n_kv_heads : 0, "model.layers.%d.self_attn.k_proj.weight", l);
+        SLOT(W_MAT, &w->wv, &mw[MW_V], 0, "model.layers.%d.self_attn.v_proj.weight", l);
+        SLOT(W_MAT, &w->wo, &mw[MW_O], 0, "model.layers.%d.self_attn.o_proj.weight", l);
+        if (c->qkv_bias) {
+            VEC(&w->bq, "model.layers.%d.self_attn.q_proj.bias", l);
+            f->ws[f->n_ws - 1].perm_heads = norm ? c->n_heads : 0;
+            VEC(&w->bk, "model.layers.%d.self_attn.k_proj.bias", l);
+            f->ws[f->n_ws - 1].perm_heads = norm ? c->n_kv_heads : 0;
+            VEC(&w->bv, "model.layers.%d.self_attn.v_proj.bias", l);
+        }
+        if (c->qk_norm) {
+            VEC(&w->q_norm, "model.layers.%d.self_attn.q_norm.weight", l);
+            VEC(&w->k_norm, "model.layers.%d.self_attn.k_norm.weight", l);
+        }
+        VEC(&w->ffn_norm, "model.layers.%d.post_attention_layernorm.weight", l);
+        SLOT(W_MAT, &w->w_gate, &mw[MW_GATE], 0, "model.layers.%d.mlp.gate_proj.weight", l);
+        SLOT(W_MAT, &w->w_up, &mw[MW_UP], 0, "model.layers.%d.mlp.up_proj.weight", l);
+        SLOT(W_MAT, &w->w_down, &mw[MW_DOWN], 0, "model.layers.%d.mlp.down_proj.weight", l);
     }
-    f->mw[n - 1] = *f->output;
+    // The output head: its own tensor, or the embedding table's values (tied; placed below).
+    if (f->output != &f->m->tok_embd) SLOT(W_MAT, f->output, &f->mw[nl * MW_N], 0, "lm_head.weight");
+#undef VEC
+#undef SLOT
+    TD_ASSERT(f->n_ws <= max_ws);
+    return TD_OK;
+}
+
+// Expected element count of a 1-D slot (norms: dim or head_dim; biases: their projection's rows).
+static int64_t vec_len(const td_forward *f, const wslot *w) {
+    if (strstr(w->name, "q_norm") || strstr(w->name, "k_norm")) return f->c.head_dim;
+    if (strstr(w->name, "q_proj.bias")) return f->q_dim;
+    if (strstr(w->name, "k_proj.bias") || strstr(w->name, "v_proj.bias")) return f->kv_dim;
+    return f->c.dim;
+}
+
+// Checks every 1-D slot's source (present, supported dtype, size), as the f32 conversion needs.
+static td_status check_vecs(td_forward *f, td_err *err) {
+    for (int i = 0; i < f->n_ws; i++) {
+        const wslot *w = &f->ws[i];
+        if (w->kind != W_VEC) continue;
+        const td_tensor *t = w->src;
+        const int64_t n = vec_len(f, w);
+        if (!td_tensor_present(t)) return td_err_set(err, TD_ERR_INVALID, "forward: %s is missing", w->name);
+        if ((unsigned)t->type >= TD_DTYPE_COUNT || td_row_bytes(t->type, n) == 0)
+            return td_err_set(err, TD_ERR_UNSUPPORTED, "forward: %s: unsupported dtype", w->name);
+        if (td_tensor_nelem(t) != n)
+            return td_err_set(err, TD_ERR_INVALID, "forward: %s has %lld elements, expected %lld", w->name,
+                              (long long)td_tensor_nelem(t), (long long)n);
+        if (t->nbytes && t->nbytes < td_row_bytes(t->type, n))
+            return td_err_set(err, TD_ERR_INVALID, "forward: %s is truncated", w->name);
+    }
+    return TD_OK;
+}
+
+static bool pack_enabled(void) {
     const char *env = getenv("TANDEM_PACK");
-    if (env && (!strcmp(env, "0") || !strcmp(env, "off"))) return TD_OK;
+    if (env && (!strcmp(env, "0") || !strcmp(env, "off"))) return false;
     if (env && *env && strcmp(env, "1") && strcmp(env, "on")) TD_LOGW("TANDEM_PACK=%s ignored (known: 0, off, 1, on)", env);
+    return true;
+}
+
+// Places every weight: owned copies (and the f32 vectors and inv_freq) in one buffer wbuf, packed
+// copies in pbuf. Where the kernels have a packed layout for a matmul weight (kernels.h,
+// TD_PACK_*), the copy in that layout costs about the weight's size again; the model's mapped
+// pages are untouched afterwards and the OS may drop them. TANDEM_PACK=0 keeps the stored layout.
+static td_status place_weights(td_forward *f, td_err *err) {
+    td_backend *be = f->be;
+    const int nl = f->c.n_layers, n_mw = nl * MW_N + 1;
+    const size_t align = td_backend_buft(be)->iface->alignment;
+    const bool tied = f->output == &f->m->tok_embd;
+    // Sizes first.
+    size_t wbytes = 0;
+    for (int i = 0; i < f->n_ws; i++) {
+        const wslot *w = &f->ws[i];
+        if (w->kind == W_VEC) wbytes += td_backend_tensor_bytes(be, w->src, TD_PLACE_F32);
+        else if (f->owned) wbytes += td_backend_tensor_bytes(be, w->src, TD_PLACE_AS_IS);
+    }
+    wbytes += td_align_up(sizeof f->inv_freq_host, align);
+    td_status st = td_backend_alloc(be, wbytes, "forward weights", &f->wbuf, err);
+    if (st) return st;
+    size_t off = 0;
+    int v = 0;
+    for (int i = 0; i < f->n_ws; i++) {
+        wslot *w = &f->ws[i];
+        if (w->kind == W_VEC) {
+            *w->view = td_backend_tensor_place(be, w->src, TD_PLACE_F32, f->wbuf, off);
+            off += td_backend_tensor_bytes(be, w->src, TD_PLACE_F32);
+            v++;
+        } else if (f->owned) {
+            *w->view = td_backend_tensor_place(be, w->src, TD_PLACE_AS_IS, f->wbuf, off);
+            off += td_backend_tensor_bytes(be, w->src, TD_PLACE_AS_IS);
+        } else {
+            *w->view = *w->src;  // read in place (host backend)
+        }
+    }
+    if (tied) f->mw[n_mw - 1] = f->embd;  // the head reads the embedding table's placed values
+    td_backend_set_async(be, f->wbuf, off, f->inv_freq_host, sizeof f->inv_freq_host);
+    f->inv_freq = td_buffer_at(f->wbuf, off);
+    off += td_align_up(sizeof f->inv_freq_host, align);
+    TD_ASSERT(off == wbytes);
+    // The f32 vectors, by the layer they belong to (slot order: out_norm, then per layer).
+    v = 0;
+    f->out_norm = f->vec_views[v++].data;
+    for (int l = 0; l < nl; l++) {
+        layer_vecs *lv = &f->lv[l];
+        lv->attn_norm = f->vec_views[v++].data;
+        if (f->c.qkv_bias) {
+            lv->bq = f->vec_views[v++].data;
+            lv->bk = f->vec_views[v++].data;
+            lv->bv = f->vec_views[v++].data;
+        }
+        if (f->c.qk_norm) {
+            lv->q_norm = f->vec_views[v++].data;
+            lv->k_norm = f->vec_views[v++].data;
+        }
+        lv->ffn_norm = f->vec_views[v++].data;
+    }
+    TD_ASSERT(v == f->n_vecs);
+
+    if (!pack_enabled()) return TD_OK;
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += (td_backend_pack_bytes(f->be, &f->mw[i]) + 63) & ~(size_t)63;
+    for (int i = 0; i < n_mw; i++) total += td_align_up(td_backend_pack_bytes(be, &f->mw[i]), 64);
     if (!total) return TD_OK;
-    // The copies are anonymous memory; the model's mapped pages they replace stay in the page cache,
+    // The copies are new memory; the model's mapped pages they replace stay in the page cache,
     // which the OS reclaims under pressure. Pack only what fits in what the OS says is available.
-    const uint64_t avail = mem_available_bytes();
+    const uint64_t avail = td_backend_is_host(be) ? mem_available_bytes() : 0;
     if (avail && total > avail / 10 * 9) {
         TD_LOGW("forward: not packing weights: %zu MiB would not fit in the %llu MiB available (running unpacked)",
                 total >> 20, (unsigned long long)(avail >> 20));
         return TD_OK;
     }
-    f->packed = aligned_alloc(64, total);
-    if (!f->packed)
+    td_err e2 = {0};
+    if (td_backend_alloc(be, total, "forward packed weights", &f->pbuf, &e2) != TD_OK)
         return td_err_set(err, TD_ERR_NOMEM, "forward: out of memory packing weights (%zu MiB; TANDEM_PACK=0 skips it)",
                           total >> 20);
-    f->packed_bytes = total;
-    char *dst = f->packed;
-    for (int i = 0; i < n; i++) {
-        const size_t b = td_backend_pack_bytes(f->be, &f->mw[i]);
+    char *dst = f->pbuf->base;
+    for (int i = 0; i < n_mw; i++) {
+        const size_t b = td_backend_pack_bytes(be, &f->mw[i]);
         if (!b) continue;
-        f->mw[i] = td_backend_pack(f->be, &f->mw[i], dst);
-        dst += (b + 63) & ~(size_t)63;
+        f->mw[i] = td_backend_pack(be, &f->mw[i], dst);
+        dst += td_align_up(b, 64);
     }
     return TD_OK;
 }
@@ -278,6 +397,97 @@ static size_t mul3(size_t a, size_t b, size_t c) {
     size_t r;
     if (__builtin_mul_overflow(a, b, &r) || __builtin_mul_overflow(r, c, &r)) return 0;
     return r;
+}
+
+// Activation scratch and the per-run input arrays, one backend buffer; the own KV cache another.
+static td_status alloc_scratch(td_forward *f, td_err *err) {
+    const td_model_config *c = &f->c;
+    const td_forward_params *p = &f->p;
+    td_backend *be = f->be;
+    const size_t align = td_backend_buft(be)->iface->alignment;
+    const size_t T = (size_t)p->max_batch_tokens;
+    const size_t widths[8] = {c->dim, c->dim, f->q_dim, f->q_dim, f->kv_dim, f->kv_dim, c->ffn_dim, c->ffn_dim};
+    float **ptrs[8] = {&f->x, &f->xn, &f->q, &f->att, &f->k, &f->v, &f->gate, &f->up};
+    size_t offs[8], off = 0;
+    for (int i = 0; i < 8; i++) {
+        const size_t nb = mul3(T, widths[i], sizeof(float));
+        if (!nb) return td_err_set(err, TD_ERR_NOMEM, "forward: scratch size overflows");
+        offs[i] = off;
+        off += td_align_up(nb, align);
+    }
+    // Block table rows: own cache one block per sequence; an external one up to max_ctx blocks.
+    f->table_cap = p->external_kv ? (size_t)p->max_ctx : 1;
+    const size_t tb = mul3((size_t)p->max_seqs, f->table_cap, sizeof(int32_t));
+    if (!tb) return td_err_set(err, TD_ERR_NOMEM, "forward: block table size overflows");
+    f->off_tok = off, off += td_align_up(T * sizeof(int32_t), align);
+    f->off_pos = off, off += td_align_up(T * sizeof(int32_t), align);
+    f->off_seq = off, off += td_align_up(T * sizeof(int32_t), align);
+    f->off_rows = off, off += td_align_up(T * sizeof(int32_t), align);
+    f->off_table = off, off += td_align_up(tb, align);
+    f->off_logits = off;
+    if (!td_backend_is_host(be)) {  // a device writes logits here, then they are copied out
+        const size_t lb = mul3(T, (size_t)c->vocab_size, sizeof(float));
+        if (!lb) return td_err_set(err, TD_ERR_NOMEM, "forward: logits size overflows");
+        off += td_align_up(lb, align);
+    }
+    td_status st = td_backend_alloc(be, off, "forward scratch", &f->sbuf, err);
+    if (st) return st;
+    for (int i = 0; i < 8; i++) *ptrs[i] = td_buffer_at(f->sbuf, offs[i]);
+    f->d_tok = td_buffer_at(f->sbuf, f->off_tok);
+    f->d_pos = td_buffer_at(f->sbuf, f->off_pos);
+    f->d_seq = td_buffer_at(f->sbuf, f->off_seq);
+    f->d_rows = td_buffer_at(f->sbuf, f->off_rows);
+    f->d_table = td_buffer_at(f->sbuf, f->off_table);
+    f->d_logits = td_backend_is_host(be) ? NULL : td_buffer_at(f->sbuf, f->off_logits);
+    f->rows_host = malloc(T * sizeof(int32_t));
+    f->seq_len = calloc((size_t)p->max_seqs, sizeof *f->seq_len);
+    f->last_pos = malloc((size_t)p->max_seqs * sizeof *f->last_pos);
+    f->kvl = calloc((size_t)c->n_layers, sizeof *f->kvl);
+    if (!f->rows_host || !f->seq_len || !f->last_pos || !f->kvl) return td_err_set(err, TD_ERR_NOMEM, "forward: out of memory");
+    if (p->external_kv) return TD_OK;
+
+    // The own cache: block s of every layer is sequence s's max_ctx rows.
+    const size_t layer_half = mul3(mul3((size_t)p->max_seqs, (size_t)p->max_ctx, (size_t)f->kv_dim), td_kv_elem_bytes(p->kv_dtype), 1);
+    const size_t kv_bytes = mul3(layer_half, 2, (size_t)c->n_layers);
+    if (!layer_half || !kv_bytes) return td_err_set(err, TD_ERR_NOMEM, "forward: KV cache size overflows");
+    td_err e2 = {0};
+    if (td_backend_alloc(be, kv_bytes, "forward KV cache", &f->kvbuf, &e2) != TD_OK)
+        return td_err_set(err, TD_ERR_NOMEM, "forward: out of memory (KV cache %zu MiB, scratch %zu MiB)",
+                          kv_bytes >> 20, off >> 20);
+    td_buffer_clear(f->kvbuf, 0);
+    for (int s = 0; s < p->max_seqs; s++) {
+        const int32_t id = s;
+        td_backend_set_async(be, f->sbuf, f->off_table + (size_t)s * sizeof(int32_t), &id, sizeof id);
+        td_backend_synchronize(be);  // id is a stack value
+    }
+    for (int l = 0; l < c->n_layers; l++)
+        f->kvl[l] = (td_kv_layer){.k = td_buffer_at(f->kvbuf, (size_t)l * 2 * layer_half),
+                                  .v = td_buffer_at(f->kvbuf, ((size_t)l * 2 + 1) * layer_half),
+                                  .block_table = f->d_table,
+                                  .table_stride = 1,
+                                  .block_size = p->max_ctx,
+                                  .kv_dim = f->kv_dim,
+                                  .dtype = p->kv_dtype};
+    return TD_OK;
+}
+
+// Host staging for td_forward_set_weights: the largest tensor's f32 values (and a second such
+// area for un-permuting GGUF llama Q/K rows).
+static td_status alloc_staging(td_forward *f, td_err *err) {
+    size_t mx = 0;
+    bool perm = false;
+    for (int i = 0; i < f->n_ws; i++) {
+        const size_t n = (size_t)td_tensor_nelem(f->ws[i].src);
+        if (n > mx) mx = n;
+        perm |= f->ws[i].perm_heads > 0;
+    }
+    f->staging_elems = mx;
+    f->staging = malloc(mx * sizeof(float));
+    f->staging_perm = perm ? malloc(mx * sizeof(float)) : NULL;
+    if (!f->staging || (perm && !f->staging_perm))
+        return td_err_set(err, TD_ERR_NOMEM, "forward: out of memory for the %zu MiB weight-update staging buffer",
+                          mx * sizeof(float) >> 20);
+    return TD_OK;
 }
 
 td_status td_forward_create(const td_model *m, const td_forward_params *pp, td_forward **out,
@@ -300,68 +510,28 @@ td_status td_forward_create(const td_model *m, const td_forward_params *pp, td_f
     f->m = m;
     f->c = m->cfg;
     f->p = p;
+    f->weights_ok = true;
     const td_model_config *c = &f->c;
     f->q_dim = c->n_heads * c->head_dim;
     f->kv_dim = c->n_kv_heads * c->head_dim;
     f->output = td_tensor_present(&m->output) ? &m->output
                 : c->tie_embeddings           ? &m->tok_embd
                                               : &m->output;  // absent: check_weights reports it
-    if ((st = check_weights(f, err))) goto fail;
-
-    // Small vectors, KV cache, activation scratch: a handful of allocations, all up front.
-    const size_t T = (size_t)p.max_batch_tokens;
-    const size_t per_tok = 2 * (size_t)c->dim + 2 * (size_t)f->q_dim + 2 * (size_t)f->kv_dim +
-                           2 * (size_t)c->ffn_dim;
-    const size_t kv_rows = p.external_kv ? 1 : mul3((size_t)c->n_layers * 2, (size_t)p.max_seqs, (size_t)p.max_ctx);
-    const size_t kv_elems = mul3(kv_rows, (size_t)f->kv_dim, 1);
-    const size_t scratch_elems = mul3(T, per_tok, 1);
-    if (!kv_elems || !scratch_elems || kv_elems > SIZE_MAX / 4 || scratch_elems > SIZE_MAX / 4) {
-        st = td_err_set(err, TD_ERR_NOMEM, "forward: KV cache or scratch size overflows");
+    if ((st = check_weights(f, err)) || (st = build_slots(f, err)) || (st = check_vecs(f, err)) ||
+        (st = rope_init(f, err)))
         goto fail;
+    if (p.backend) {
+        f->be = p.backend;
+    } else {
+        td_backend_cpu_params bp = td_backend_cpu_default_params();
+        bp.n_threads = p.n_threads;
+        if ((st = td_backend_cpu_create(&bp, &f->own_be, err))) goto fail;
+        f->be = f->own_be;
     }
-    f->vecs = malloc(vecs_elems(c, f->q_dim, f->kv_dim) * sizeof(float));
-    f->lv = calloc((size_t)c->n_layers, sizeof *f->lv);
-    f->kv = calloc(kv_elems, td_kv_elem_bytes(p.kv_dtype));
-    f->kvl = calloc((size_t)c->n_layers, sizeof *f->kvl);
-    f->blk_ids = malloc((size_t)p.max_seqs * sizeof *f->blk_ids);
-    f->seq_len = calloc((size_t)p.max_seqs, sizeof *f->seq_len);
-    f->last_pos = malloc((size_t)p.max_seqs * sizeof *f->last_pos);
-    f->scratch = malloc(scratch_elems * sizeof(float));
-    if (!f->vecs || !f->lv || !f->kv || !f->kvl || !f->blk_ids || !f->seq_len ||
-        !f->last_pos || !f->scratch) {
-        st = td_err_set(err, TD_ERR_NOMEM, "forward: out of memory (KV cache %zu MiB, scratch %zu MiB)",
-                        kv_elems * td_kv_elem_bytes(p.kv_dtype) >> 20, scratch_elems * 4 >> 20);
-        goto fail;
-    }
-    if ((st = load_vecs(f, err)) || (st = rope_init(f, err))) goto fail;
-
-    for (int s = 0; s < p.max_seqs; s++) {
-        f->blk_ids[s] = s;
-    }
-    const size_t layer_half = (size_t)p.max_seqs * (size_t)p.max_ctx * (size_t)f->kv_dim *
-                              td_kv_elem_bytes(p.kv_dtype);  // bytes
-    for (int l = 0; l < c->n_layers && !p.external_kv; l++) {
-        f->kvl[l] = (td_kv_layer){.k = f->kv + (size_t)l * 2 * layer_half,
-                                  .v = f->kv + ((size_t)l * 2 + 1) * layer_half,
-                                  .block_table = f->blk_ids,
-                                  .table_stride = 1,
-                                  .block_size = p.max_ctx,
-                                  .kv_dim = f->kv_dim,
-                                  .dtype = p.kv_dtype};
-    }
-    float *s = f->scratch;
-    f->x = s, s += T * c->dim;
-    f->xn = s, s += T * c->dim;
-    f->q = s, s += T * f->q_dim;
-    f->att = s, s += T * f->q_dim;
-    f->k = s, s += T * f->kv_dim;
-    f->v = s, s += T * f->kv_dim;
-    f->gate = s, s += T * c->ffn_dim;
-    f->up = s, s += T * c->ffn_dim;
-
-    td_backend_cpu_params bp = td_backend_cpu_default_params();
-    bp.n_threads = p.n_threads;
-    if ((st = td_backend_cpu_create(&bp, &f->be, err)) || (st = pack_weights(f, err))) goto fail;
+    f->owned = p.own_weights || !td_backend_is_host(f->be);
+    if ((st = alloc_scratch(f, err)) || (st = place_weights(f, err))) goto fail;
+    if (f->owned && (st = alloc_staging(f, err))) goto fail;
+    td_backend_synchronize(f->be);
     *out = f;
     return TD_OK;
 fail:
@@ -371,17 +541,22 @@ fail:
 
 void td_forward_free(td_forward *f) {
     if (!f) return;
-    td_backend_free(f->be);
+    if (f->be) td_backend_synchronize(f->be);
+    td_buffer_free(f->pbuf);
+    td_buffer_free(f->wbuf);
+    td_buffer_free(f->kvbuf);
+    td_buffer_free(f->sbuf);
+    td_backend_free(f->own_be);
+    free(f->ws);
     free(f->mw);
-    free(f->packed);
-    free(f->vecs);
+    free(f->vec_views);
     free(f->lv);
-    free(f->kv);
+    free(f->staging);
+    free(f->staging_perm);
     free(f->kvl);
-    free(f->blk_ids);
     free(f->seq_len);
     free(f->last_pos);
-    free(f->scratch);
+    free(f->rows_host);
     free(f);
 }
 
@@ -441,18 +616,43 @@ td_status td_forward_run(td_forward *f, const td_batch *b, float *logits, td_err
 td_status td_forward_run_kv(td_forward *f, const td_batch *b, const td_kv_layer *kv, float *logits,
                             td_err *err) {
     if (!f || !b || !kv) return td_err_set(err, TD_ERR_INVALID, "forward: no forward, batch or KV cache");
-    for (int l = 0; l < f->c.n_layers; l++)
+    for (int l = 0; l < f->c.n_layers; l++) {
         if (!kv[l].k || !kv[l].v || !kv[l].block_table || kv[l].block_size <= 0 || kv[l].kv_dim != f->kv_dim ||
-            !td_kv_dtype_ok(kv[l].dtype))
+            !td_kv_dtype_ok(kv[l].dtype) || kv[l].table_stride <= 0)
             return td_err_set(err, TD_ERR_INVALID,
                               "forward: KV layer %d: missing arrays or tables, block_size %d, kv_dim %d (want %d), "
-                              "dtype %s",
-                              l, kv[l].block_size, kv[l].kv_dim, f->kv_dim, td_dtype_name(kv[l].dtype));
+                              "dtype %s, table_stride %d",
+                              l, kv[l].block_size, kv[l].kv_dim, f->kv_dim, td_dtype_name(kv[l].dtype),
+                              kv[l].table_stride);
+        if (kv[l].block_table != kv[0].block_table || kv[l].table_stride != kv[0].table_stride)
+            return td_err_set(err, TD_ERR_INVALID, "forward: KV layer %d has another block table than layer 0", l);
+    }
+    if ((size_t)kv[0].table_stride > f->table_cap)
+        return td_err_set(err, TD_ERR_INVALID, "forward: block table stride %d exceeds max_ctx %d", kv[0].table_stride,
+                          f->p.max_ctx);
     return run(f, b, kv, logits, err);
 }
 
-static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl, float *logits, td_err *err) {
-    const bool own = kvl == f->kvl;
+// Uploads the batch (token ids, positions, sequence ids; an external cache's block table rows for
+// the batch's sequences) into the scratch buffer; returns the number of table rows used.
+static void upload_batch(td_forward *f, const td_batch *b, const td_kv_layer *kvl, bool own) {
+    td_backend *be = f->be;
+    const size_t T = (size_t)b->n_tokens;
+    td_backend_set_async(be, f->sbuf, f->off_tok, b->tokens, T * sizeof(int32_t));
+    td_backend_set_async(be, f->sbuf, f->off_pos, b->pos, T * sizeof(int32_t));
+    td_backend_set_async(be, f->sbuf, f->off_seq, b->seq_id, T * sizeof(int32_t));
+    if (own) return;  // the identity table was written at create
+    int n_seqs = 0;
+    for (size_t t = 0; t < T; t++)
+        if (b->seq_id[t] + 1 > n_seqs) n_seqs = b->seq_id[t] + 1;
+    td_backend_set_async(be, f->sbuf, f->off_table, kvl[0].block_table,
+                         (size_t)n_seqs * (size_t)kvl[0].table_stride * sizeof(int32_t));
+}
+
+static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl_in, float *logits, td_err *err) {
+    const bool own = kvl_in == f->kvl;
+    if (!f->weights_ok)
+        return td_err_set(err, TD_ERR_INVALID, "forward: weights incomplete after a failed update (replace them again)");
     int n_out = 0;
     td_status st = check_batch(f, b, own, &n_out, err);
     if (st) return st;
@@ -461,16 +661,27 @@ static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl, f
     if (T == 0) return TD_OK;
 
     const td_model_config *c = &f->c;
-    const td_model *m = f->m;
     td_backend *be = f->be;
     const int dim = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
     const int neox = c->rope_style == TD_ROPE_NEOX;
     const float scale = 1.0f / sqrtf((float)hd);
+    upload_batch(f, b, kvl_in, own);
+    // An external cache's layers, reading the uploaded table (the caller's arrays are only read).
+    td_kv_layer ext = own ? (td_kv_layer){0} : kvl_in[0];
+    ext.block_table = f->d_table;
+    const int32_t *tok = f->d_tok, *pos = f->d_pos, *seq = f->d_seq;
 
-    td_backend_embed(be, &m->tok_embd, b->tokens, f->x, T);  // x (T, dim): the residual stream
+    td_backend_embed(be, &f->embd, tok, f->x, T);  // x (T, dim): the residual stream
     for (int l = 0; l < c->n_layers; l++) {
         const td_tensor *w = &f->mw[l * MW_N];
         const layer_vecs *lv = &f->lv[l];
+        td_kv_layer kl_ext;
+        const td_kv_layer *kl = &f->kvl[l];
+        if (!own) {
+            kl_ext = ext;
+            kl_ext.k = kvl_in[l].k, kl_ext.v = kvl_in[l].v;
+            kl = &kl_ext;
+        }
         // attention block
         td_backend_rmsnorm(be, f->x, lv->attn_norm, f->xn, T, dim, c->norm_eps);
         td_backend_matmul(be, &w[MW_Q], lv->bq, f->xn, f->q, T);  // (T, nh, hd)
@@ -480,11 +691,11 @@ static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl, f
             td_backend_rmsnorm(be, f->q, lv->q_norm, f->q, T * nh, hd, c->norm_eps);
             td_backend_rmsnorm(be, f->k, lv->k_norm, f->k, T * nkv, hd, c->norm_eps);
         }
-        td_backend_rope(be, f->q, b->pos, f->inv_freq, T, nh, hd, neox);
-        td_backend_rope(be, f->k, b->pos, f->inv_freq, T, nkv, hd, neox);
+        td_backend_rope(be, f->q, pos, f->inv_freq, T, nh, hd, neox);
+        td_backend_rope(be, f->k, pos, f->inv_freq, T, nkv, hd, neox);
         // Write the whole batch's keys first: a token then sees earlier tokens of its batch.
-        td_backend_kv_write(be, &kvl[l], f->k, f->v, b->seq_id, b->pos, T);
-        td_backend_attention(be, f->q, &kvl[l], b->seq_id, b->pos, f->att, T, nh, nkv, hd, scale);
+        td_backend_kv_write(be, kl, f->k, f->v, seq, pos, T);
+        td_backend_attention(be, f->q, kl, seq, pos, f->att, T, nh, nkv, hd, scale);
         td_backend_matmul(be, &w[MW_O], NULL, f->att, f->xn, T);  // (T, dim)
         td_backend_add(be, f->x, f->xn, (int64_t)T * dim);
         // SwiGLU MLP block
@@ -498,19 +709,72 @@ static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl, f
     for (int s = 0; s < f->p.max_seqs && own; s++)
         if (f->last_pos[s] >= 0) f->seq_len[s] = f->last_pos[s] + 1;
 
-    if (n_out == 0) return TD_OK;
+    if (n_out == 0) {
+        td_backend_synchronize(be);  // the batch arrays are the caller's until we return
+        return TD_OK;
+    }
     // Final norm and head only for the rows that want logits, gathered in batch order.
     for (int t = 0, j = 0; t < T; t++)
-        if (!b->want_logits || b->want_logits[t])
-            memcpy(f->xn + (size_t)j++ * dim, f->x + (size_t)t * dim, (size_t)dim * sizeof(float));
+        if (!b->want_logits || b->want_logits[t]) f->rows_host[j++] = t;
+    td_backend_set_async(be, f->sbuf, f->off_rows, f->rows_host, (size_t)n_out * sizeof(int32_t));
+    td_backend_get_rows(be, f->x, f->d_rows, f->xn, n_out, dim);
     td_backend_rmsnorm(be, f->xn, f->out_norm, f->xn, n_out, dim, c->norm_eps);
-    td_backend_matmul(be, &f->mw[c->n_layers * MW_N], NULL, f->xn, logits, n_out);  // (n_out, vocab)
+    float *y = f->d_logits ? f->d_logits : logits;  // a host backend writes the caller's rows directly
+    td_backend_matmul(be, &f->mw[c->n_layers * MW_N], NULL, f->xn, y, n_out);  // (n_out, vocab)
+    if (f->d_logits)
+        td_backend_get_async(be, f->sbuf, f->off_logits, logits, (size_t)n_out * (size_t)c->vocab_size * sizeof(float));
+    td_backend_synchronize(be);
     return TD_OK;
 }
 
-struct td_backend *td_forward_backend(td_forward *f) { return f->be; }
+// ---- live weight replacement
+
+// Fetches slot w's f32 values (HF layout) into the staging buffer and, for permuted GGUF llama
+// rows, reorders them into the stored layout; returns the values as the placed tensor holds them.
+static const float *fetch_slot(td_forward *f, const wslot *w, int64_t n, td_export_get_fn get, void *ctx,
+                               td_status *st, td_err *err) {
+    *st = get(ctx, w->name, f->staging, n, err);
+    if (*st) return NULL;
+    if (!w->perm_heads) return f->staging;
+    // llama.cpp's permute: stored row h*hd + 2i + j holds HF row h*hd + j*hd/2 + i.
+    const int64_t rows = w->src->ndim == 2 ? w->src->ne[0] : w->src->ne[0];
+    const int64_t cols = w->src->ndim == 2 ? w->src->ne[1] : 1;
+    const int64_t hdim = rows / w->perm_heads, half = hdim / 2;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t h = r / hdim, k = r % hdim, src = h * hdim + (k % 2) * half + k / 2;
+        memcpy(f->staging_perm + r * cols, f->staging + src * cols, (size_t)cols * sizeof(float));
+    }
+    return f->staging_perm;
+}
 
 td_status td_forward_set_weights(td_forward *f, td_export_get_fn get, void *ctx, td_err *err) {
-    (void)f, (void)get, (void)ctx;
-    return td_err_set(err, TD_ERR_UNSUPPORTED, "forward: set_weights is not implemented yet");
+    if (!f || !get) return td_err_set(err, TD_ERR_INVALID, "forward: no forward or tensor source");
+    if (!f->owned)
+        return td_err_set(err, TD_ERR_UNSUPPORTED,
+                          "forward: the weights are read in place from the model file; create the forward with "
+                          "own_weights to replace them");
+    td_backend *be = f->be;
+    td_backend_synchronize(be);  // nothing may still read the old values
+    f->weights_ok = false;
+    const bool tied = f->output == &f->m->tok_embd;
+    for (int i = 0; i < f->n_ws; i++) {
+        const wslot *w = &f->ws[i];
+        const int64_t n = td_tensor_nelem(w->src);
+        td_status st;
+        const float *vals = fetch_slot(f, w, n, get, ctx, &st, err);
+        if (!vals) {
+            TD_LOGW("forward: weight update failed at %s: %s", w->name, err ? err->msg : "");
+            return st;
+        }
+        for (int64_t j = 0; j < n; j++)
+            if (!isfinite(vals[j]))
+                return td_err_set(err, TD_ERR_INVALID, "forward: new value %lld of %s is not finite", (long long)j,
+                                  w->name);
+        td_backend_tensor_update_f32(be, w->view, vals, n);
+    }
+    if (tied && f->mw[f->c.n_layers * MW_N].packed) td_backend_repack(be, &f->mw[f->c.n_layers * MW_N]);
+    td_backend_synchronize(be);
+    for (int s = 0; s < f->p.max_seqs; s++) f->seq_len[s] = 0;  // the own cache holds old KV
+    f->weights_ok = true;
+    return TD_OK;
 }
