@@ -41,6 +41,7 @@ struct td_forward {
     td_backend *own_be; // made by create when p.backend is NULL (freed with the forward)
     int q_dim, kv_dim;
     const td_tensor *output;  // the model's output head: m->output, or tok_embd when tied and absent
+    bool tied;                // the head reads the embedding table (tied, or the same data)
     bool owned;               // every weight is a copy in wbuf (own_weights or a device backend)
     bool weights_ok;          // false after a failed td_forward_set_weights
 
@@ -267,7 +268,7 @@ static td_status build_slots(td_forward *f, td_err *err) {
         SLOT(W_MAT, &w->w_down, &mw[MW_DOWN], 0, "model.layers.%d.mlp.down_proj.weight", l);
     }
     // The output head: its own tensor, or the embedding table's values (tied; placed below).
-    if (f->output != &f->m->tok_embd) SLOT(W_MAT, f->output, &f->mw[nl * MW_N], 0, "lm_head.weight");
+    if (!f->tied) SLOT(W_MAT, f->output, &f->mw[nl * MW_N], 0, "lm_head.weight");
 #undef VEC
 #undef SLOT
     TD_ASSERT(f->n_ws <= max_ws);
@@ -316,7 +317,7 @@ static td_status place_weights(td_forward *f, td_err *err) {
     td_backend *be = f->be;
     const int nl = f->c.n_layers, n_mw = nl * MW_N + 1;
     const size_t align = td_backend_buft(be)->iface->alignment;
-    const bool tied = f->output == &f->m->tok_embd;
+    const bool tied = f->tied;
     // Sizes first.
     size_t wbytes = 0;
     for (int i = 0; i < f->n_ws; i++) {
@@ -517,6 +518,9 @@ td_status td_forward_create(const td_model *m, const td_forward_params *pp, td_f
     f->output = td_tensor_present(&m->output) ? &m->output
                 : c->tie_embeddings           ? &m->tok_embd
                                               : &m->output;  // absent: check_weights reports it
+    // Tied: HF sources have no lm_head.weight, and a loader may give the head a view of the table.
+    f->tied = f->output == &m->tok_embd || (c->tie_embeddings && f->output->data == m->tok_embd.data &&
+                                            f->output->type == m->tok_embd.type);
     if ((st = check_weights(f, err)) || (st = build_slots(f, err)) || (st = check_vecs(f, err)) ||
         (st = rope_init(f, err)))
         goto fail;
@@ -756,7 +760,7 @@ td_status td_forward_set_weights(td_forward *f, td_export_get_fn get, void *ctx,
     td_backend *be = f->be;
     td_backend_synchronize(be);  // nothing may still read the old values
     f->weights_ok = false;
-    const bool tied = f->output == &f->m->tok_embd;
+    const bool tied = f->tied;
     for (int i = 0; i < f->n_ws; i++) {
         const wslot *w = &f->ws[i];
         const int64_t n = td_tensor_nelem(w->src);
