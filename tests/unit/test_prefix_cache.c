@@ -344,6 +344,60 @@ static void test_sched_collisions(void) {
     sim_destroy(&s);
 }
 
+// New weights: td_kv_pool_cache_reset drops every entry (evictable blocks free, used ones uncached
+// and freed on release) and changes the root hash; through the scheduler,
+// td_sched_set_weights_version requeues the running sequences (recomputed, no hit on KV of the
+// old weights) while later prompts hit what the new version computed.
+static void test_weights_version(void) {
+    td_kv_pool *pool = meta_pool(16, NULL);
+    if (!pool) return;
+    int32_t a[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, ba[3], bb[3];
+    const uint64_t root0 = td_kv_pool_root_hash(pool);
+    cache_chain(pool, a, 3, ba);
+    release(pool, ba, 2);  // blocks 0, 1 evictable; block 2 still used
+    td_kv_pool_cache_reset(pool, 7);
+    CHECK(td_kv_pool_version(pool) == 7 && td_kv_pool_root_hash(pool) != root0, "version in the root hash");
+    CHECK(td_kv_pool_n_cached(pool) == 0 && td_kv_pool_n_evictable(pool) == 0 && td_kv_pool_n_free(pool) == 15,
+          "reset: nothing cached, evictable blocks free (free %d)", td_kv_pool_n_free(pool));
+    CHECK(td_kv_pool_refcount(pool, ba[2]) == 1, "a used block keeps its reference");
+    CHECK(td_kv_pool_cache_match(pool, a, 3, NULL, NULL, NULL) == 0, "old KV is never matched");
+    td_kv_pool_decref(pool, ba[2]);
+    CHECK(td_kv_pool_n_free(pool) == 16, "the uncached block is freed on release");
+    cache_chain(pool, a, 3, bb);
+    CHECK(td_kv_pool_cache_match(pool, a, 3, NULL, NULL, NULL) == 3, "the new version's chain is matched");
+    release(pool, bb, 3);
+    CHECK(td_kv_pool_check(pool, NULL) == TD_OK, "check");
+    td_kv_pool_free(pool);
+
+    sim s;
+    td_sched_params p = sp(256, 8);
+    if (!sim_init(&s, 16, 64, &p)) return;
+    int32_t base[40];
+    for (int i = 0; i < 40; i++) base[i] = 3 * i + 2;
+    td_sched_stats st0, st1;
+    run_one(&s, 1, base, 40, 3);  // cached under version 0
+    CHECK(sim_add(&s, 2, base, 40, 12) == TD_OK, "add 2");
+    for (int i = 0; i < 4; i++) sim_step(&s, NULL);  // 2 hit the cache, now decoding
+    CHECK(s.r[2].n_cached_tokens == 32 && !s.r[2].finished, "2 took 32 cached tokens and runs");
+    td_sched_stats_get(s.sched, &st0);
+    td_sched_set_weights_version(s.sched, 1);
+    td_sched_stats_get(s.sched, &st1);
+    CHECK(st1.n_running == 0 && st1.n_waiting == 1 && st1.n_blocks_used == 0 && st1.n_blocks_evictable == 0,
+          "requeued with no block (running %d, waiting %d, used %d, evictable %d)", st1.n_running, st1.n_waiting,
+          st1.n_blocks_used, st1.n_blocks_evictable);
+    CHECK(td_sched_check(s.sched, NULL) == TD_OK, "check after the version change");
+    sim_run(&s, 1000);
+    td_sched_stats_get(s.sched, &st1);
+    CHECK(s.r[2].finished && st1.prefix_hits == st0.prefix_hits, "2 recomputed everything (hits %llu -> %llu)",
+          (unsigned long long)st0.prefix_hits, (unsigned long long)st1.prefix_hits);
+    run_one(&s, 3, base, 40, 2);
+    CHECK(s.r[3].n_cached_tokens == 32, "a later prompt hits the new version's blocks (%d)", s.r[3].n_cached_tokens);
+    CHECK(s.errors == 0 && s.check_errors == 0, "fake engine: %d errors, %d invariant failures", s.errors,
+          s.check_errors);
+    CHECK(sim_pool_whole(&s), "pool whole");
+    sim_destroy(&s);
+}
+
 int main(void) {
     test_chain(NULL, "xxh3");
     test_chain(const_hash, "colliding");
@@ -354,5 +408,6 @@ int main(void) {
     test_sched_lru();
     test_sched_disabled();
     test_sched_collisions();
+    test_weights_version();
     TEST_DONE();
 }
