@@ -230,6 +230,23 @@ void td_backend_synchronize(td_backend *be) {
     if (be->iface->synchronize) be->iface->synchronize(be->ctx);
 }
 
+// Byte offset of t's data inside its buffer.
+static size_t tensor_offset(const td_tensor *t) {
+    TD_ASSERT(t->buf && (const char *)t->data >= (const char *)t->buf->base &&
+              (size_t)((const char *)t->data - (const char *)t->buf->base) <= t->buf->size);
+    return (size_t)((const char *)t->data - (const char *)t->buf->base);
+}
+
+void td_backend_tensor_set_async(td_backend *be, const td_tensor *t, const void *src, size_t off, size_t n) {
+    TD_ASSERT(off <= t->nbytes && n <= t->nbytes - off);
+    td_backend_set_async(be, t->buf, tensor_offset(t) + off, src, n);
+}
+
+void td_backend_tensor_get_async(td_backend *be, const td_tensor *t, void *dst, size_t off, size_t n) {
+    TD_ASSERT(off <= t->nbytes && n <= t->nbytes - off);
+    td_backend_get_async(be, t->buf, tensor_offset(t) + off, dst, n);
+}
+
 // ---- placing weights
 
 static int64_t place_elems(const td_tensor *t) { return td_tensor_nelem(t); }

@@ -200,6 +200,9 @@ td_status td_backend_alloc(td_backend *be, size_t size, const char *what, td_buf
 void td_backend_set_async(td_backend *be, td_buffer *b, size_t off, const void *src, size_t n);
 void td_backend_get_async(td_backend *be, const td_buffer *b, size_t off, void *dst, size_t n);
 void td_backend_synchronize(td_backend *be);
+// The same for bytes [off, off + n) of a tensor placed in a backend buffer (t->buf set).
+void td_backend_tensor_set_async(td_backend *be, const td_tensor *t, const void *src, size_t off, size_t n);
+void td_backend_tensor_get_async(td_backend *be, const td_tensor *t, void *dst, size_t off, size_t n);
 
 // Placing a weight. td_backend_tensor_bytes: bytes src takes when placed `how` in this backend's
 // buffers (a multiple of the buffer alignment). td_backend_tensor_place writes src's values (src

@@ -97,6 +97,10 @@ static void test_place(td_backend *be) {
         td_to_f32(t, enc, want, ROWS * COLS);
         CHECK(f.buf == b && f.type == TD_F32 && !memcmp(f.data, want, (size_t)ROWS * COLS * 4), "%s: placed as f32",
               td_dtype_name(t));
+        float row[COLS];
+        td_backend_tensor_get_async(be, &f, row, (size_t)2 * COLS * 4, sizeof row);
+        td_backend_synchronize(be);
+        CHECK(!memcmp(row, want + 2 * COLS, sizeof row), "%s: tensor get of row 2", td_dtype_name(t));
         // New values: the placed copy is re-encoded in place, as td_from_f32 encodes them.
         for (int i = 0; i < ROWS * COLS; i++) want[i] = vals[i] * -0.5f + 0.01f;
         td_backend_tensor_update_f32(be, &as, want, ROWS * COLS);
