@@ -278,10 +278,13 @@ td_tensor td_backend_tensor_place(td_backend *be, const td_tensor *src, td_place
     } else if (how == TD_PLACE_AS_IS) {
         td_backend_set_async(be, b, off, src->data, used);
         td_backend_synchronize(be);  // src may go away after the call
-    } else {
-        // A device backend converts on the host first: one conversion row at a time would need
-        // staging it has not been given; the CPU backend never gets here.
-        TD_ASSERT(!"tensor_place: TD_PLACE_F32 into device memory needs a staging buffer");
+    } else {  // converted on the host first (start-up only: a temporary copy)
+        void *tmp = malloc(used);
+        TD_ASSERT(tmp != NULL);  // a few KiB of norms; the device buffer itself was had
+        place_host(src, how, tmp, used);
+        td_backend_set_async(be, b, off, tmp, used);
+        td_backend_synchronize(be);
+        free(tmp);
     }
     td_tensor v = *src;
     v.type = how == TD_PLACE_F32 ? TD_F32 : src->type;
@@ -293,9 +296,17 @@ td_tensor td_backend_tensor_place(td_backend *be, const td_tensor *src, td_place
     return v;
 }
 
-void td_backend_tensor_update_f32(td_backend *be, const td_tensor *t, const float *src_f32, int64_t n) {
-    TD_ASSERT(t->buf && n == place_elems(t) && td_buffer_is_host(t->buf));
-    td_from_f32(t->type, src_f32, (void *)t->data, n);
+void td_backend_tensor_update_f32(td_backend *be, const td_tensor *t, const float *src_f32, int64_t n,
+                                  void *scratch) {
+    TD_ASSERT(t->buf && n == place_elems(t));
+    if (td_buffer_is_host(t->buf)) {
+        td_from_f32(t->type, src_f32, (void *)t->data, n);
+    } else {
+        TD_ASSERT(scratch != NULL);
+        td_from_f32(t->type, src_f32, scratch, n);
+        td_backend_tensor_set_async(be, t, scratch, 0, t->nbytes);
+        td_backend_synchronize(be);  // scratch is reused for the next tensor
+    }
     if (t->packed) td_backend_repack(be, t);
 }
 

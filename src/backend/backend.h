@@ -207,12 +207,16 @@ void td_backend_tensor_get_async(td_backend *be, const td_tensor *t, void *dst, 
 // Placing a weight. td_backend_tensor_bytes: bytes src takes when placed `how` in this backend's
 // buffers (a multiple of the buffer alignment). td_backend_tensor_place writes src's values (src
 // in host memory: a mapped file, an array) into b at off, converted as `how` says, and returns the
-// view of the placed tensor (buf b, data the backend address). td_backend_tensor_update_f32 writes
-// new values into an already placed view t from n f32 host values in t's layout (converted to t's
-// dtype; a packed copy is redone). None of them allocates.
+// view of the placed tensor (buf b, data the backend address); into a device buffer an f32
+// conversion goes through a temporary host copy (start-up only). td_backend_tensor_update_f32
+// writes new values into an already placed view t from n f32 host values in t's layout (converted
+// to t's dtype; a packed copy is redone); for a device buffer `scratch` is host memory of at least
+// t->nbytes where the encoding is made before the upload (NULL on a host buffer), so it allocates
+// nothing.
 size_t td_backend_tensor_bytes(td_backend *be, const td_tensor *src, td_place how);
 td_tensor td_backend_tensor_place(td_backend *be, const td_tensor *src, td_place how, td_buffer *b, size_t off);
-void td_backend_tensor_update_f32(td_backend *be, const td_tensor *t, const float *src_f32, int64_t n);
+void td_backend_tensor_update_f32(td_backend *be, const td_tensor *t, const float *src_f32, int64_t n,
+                                  void *scratch);
 
 // Packing a matmul weight for this backend's kernels: bytes needed (0: the backend has no packed
 // layout for w; then w is used as it is); td_backend_pack writes the copy into dst (64-byte

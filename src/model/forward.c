@@ -61,6 +61,7 @@ struct td_forward {
     int n_ws, n_vecs;
     float *staging;         // host f32 staging for td_forward_set_weights: [staging_elems]
     float *staging_perm;    // [staging_elems] of the permuted Q/K rows (rope NORM models), or NULL
+    void *staging_enc;      // device backend: [staging_elems] f32 worth of encoded bytes, else NULL
     size_t staging_elems;
 
     // Own KV cache (NULL with external_kv): [n_layers][2][max_seqs][max_ctx][kv_dim] of kv_dtype.
@@ -485,7 +486,9 @@ static td_status alloc_staging(td_forward *f, td_err *err) {
     f->staging_elems = mx;
     f->staging = malloc(mx * sizeof(float));
     f->staging_perm = perm ? malloc(mx * sizeof(float)) : NULL;
-    if (!f->staging || (perm && !f->staging_perm))
+    const bool dev = !td_backend_is_host(f->be);  // encodings are made on the host, then uploaded
+    f->staging_enc = dev ? malloc(mx * sizeof(float)) : NULL;
+    if (!f->staging || (perm && !f->staging_perm) || (dev && !f->staging_enc))
         return td_err_set(err, TD_ERR_NOMEM, "forward: out of memory for the %zu MiB weight-update staging buffer",
                           mx * sizeof(float) >> 20);
     return TD_OK;
@@ -557,6 +560,7 @@ void td_forward_free(td_forward *f) {
     free(f->lv);
     free(f->staging);
     free(f->staging_perm);
+    free(f->staging_enc);
     free(f->kvl);
     free(f->seq_len);
     free(f->last_pos);
@@ -774,7 +778,7 @@ td_status td_forward_set_weights(td_forward *f, td_export_get_fn get, void *ctx,
             if (!isfinite(vals[j]))
                 return td_err_set(err, TD_ERR_INVALID, "forward: new value %lld of %s is not finite", (long long)j,
                                   w->name);
-        td_backend_tensor_update_f32(be, w->view, vals, n);
+        td_backend_tensor_update_f32(be, w->view, vals, n, f->staging_enc);
     }
     if (tied && f->mw[f->c.n_layers * MW_N].packed) td_backend_repack(be, &f->mw[f->c.n_layers * MW_N]);
     td_backend_synchronize(be);

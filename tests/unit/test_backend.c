@@ -103,7 +103,7 @@ static void test_place(td_backend *be) {
         CHECK(!memcmp(row, want + 2 * COLS, sizeof row), "%s: tensor get of row 2", td_dtype_name(t));
         // New values: the placed copy is re-encoded in place, as td_from_f32 encodes them.
         for (int i = 0; i < ROWS * COLS; i++) want[i] = vals[i] * -0.5f + 0.01f;
-        td_backend_tensor_update_f32(be, &as, want, ROWS * COLS);
+        td_backend_tensor_update_f32(be, &as, want, ROWS * COLS, NULL);
         td_from_f32(t, want, enc, ROWS * COLS);
         CHECK(!memcmp(as.data, enc, nb), "%s: update_f32 writes td_from_f32's bytes", td_dtype_name(t));
         td_buffer_free(b);
@@ -144,7 +144,7 @@ static void test_repack(void) {
         }
         td_tensor placed = td_backend_tensor_place(be, &s1, TD_PLACE_AS_IS, b, 0);
         td_tensor packed = td_backend_pack(be, &placed, td_buffer_at(b, ab));
-        td_backend_tensor_update_f32(be, &packed, v2, ROWS * COLS);
+        td_backend_tensor_update_f32(be, &packed, v2, ROWS * COLS, NULL);
         td_tensor fresh = td_backend_pack(be, &s2, td_buffer_at(b, ab + td_align_up(pb, 64)));
         CHECK(packed.packing == fresh.packing && !memcmp(packed.packed, fresh.packed, pb),
               "%s: packed copy redone from the new values", td_dtype_name(t));
