@@ -27,7 +27,9 @@ void td_comm_free(td_comm *c) {
     if (c) c->iface->free(c->ctx);
 }
 
-void td_comm_abort(td_comm *c, const char *reason) { c->iface->abort(c->ctx, TD_ERR_IO, reason ? reason : "(no reason)"); }
+void td_comm_abort(td_comm *c, const char *reason) {
+    c->iface->abort(c->ctx, TD_ERR_IO, reason ? reason : "(no reason)");
+}
 
 // [a, a + na) and [b, b + nb) share a byte.
 static bool overlaps(const void *a, size_t na, const void *b, size_t nb) {
@@ -51,13 +53,15 @@ static td_status post(td_comm *c, const td_comm_desc *d, td_comm_req **req, td_e
     const char *what = td_comm_kind_name(d->kind);
     const size_t es = td_comm_dtype_size(d->dtype);
     if (!es) return td_err_set(err, TD_ERR_INVALID, "%s: unknown element type %d", what, (int)d->dtype);
-    if ((unsigned)d->op >= TD_COMM_OP_N) return td_err_set(err, TD_ERR_INVALID, "%s: unknown reduction %d", what, (int)d->op);
+    if ((unsigned)d->op >= TD_COMM_OP_N)
+        return td_err_set(err, TD_ERR_INVALID, "%s: unknown reduction %d", what, (int)d->op);
     const size_t n = (size_t)c->size;
     // Elements in the send and receive buffers.
     size_t n_send = d->count, n_recv = d->count;
     if (d->kind == TD_COMM_REDUCE_SCATTER || d->kind == TD_COMM_ALLGATHER) {
         if (d->count > SIZE_MAX / es / n)
-            return td_err_set(err, TD_ERR_INVALID, "%s: %zu elements per rank x %d ranks overflow", what, d->count, c->size);
+            return td_err_set(err, TD_ERR_INVALID, "%s: %zu elements per rank x %d ranks overflow", what, d->count,
+                              c->size);
         if (d->kind == TD_COMM_REDUCE_SCATTER) n_send = d->count * n;
         else n_recv = d->count * n;
     } else if (d->count > SIZE_MAX / es) {
@@ -72,10 +76,11 @@ static td_status post(td_comm *c, const td_comm_desc *d, td_comm_req **req, td_e
         if ((st = check_buf(what, "receive buffer", d->recv, n_recv, es, err))) return st;
         if (n_send && n_recv) {
             // The one in-place layout each allows; any other overlap is an error.
-            const char *in_place = d->kind == TD_COMM_ALLREDUCE        ? (const char *)d->send
-                                   : d->kind == TD_COMM_REDUCE_SCATTER ? (const char *)d->send + (size_t)c->rank * d->count * es
-                                                                       : (const char *)d->recv + (size_t)c->rank * d->count * es;
-            bool ok = d->kind == TD_COMM_ALLGATHER ? (const char *)d->send == in_place : (const char *)d->recv == in_place;
+            const size_t own = (size_t)c->rank * d->count * es;  // bytes before this rank's block
+            const char *s = d->send, *r = d->recv;
+            bool ok = d->kind == TD_COMM_ALLREDUCE        ? r == s
+                      : d->kind == TD_COMM_REDUCE_SCATTER ? r == s + own
+                                                          : s == r + own;
             if (!ok && overlaps(d->send, n_send * es, d->recv, n_recv * es))
                 return td_err_set(err, TD_ERR_INVALID,
                                   "%s: send and receive buffers overlap (in place is %s only)", what,
@@ -132,7 +137,9 @@ td_status td_comm_test(td_comm_req *req, bool *done, td_err *err) {
 // ---- descriptors
 
 #define DESC(k, s, r, n, t, o, p, g) \
-    (td_comm_desc) { .kind = (k), .send = (s), .recv = (r), .count = (n), .dtype = (t), .op = (o), .peer = (p), .tag = (g) }
+    (td_comm_desc) {                                                                                     \
+        .kind = (k), .send = (s), .recv = (r), .count = (n), .dtype = (t), .op = (o), .peer = (p), .tag = (g) \
+    }
 
 td_status td_comm_iallreduce(td_comm *c, const void *send, void *recv, size_t count, td_comm_dtype dtype,
                              td_comm_op op, td_comm_req **req, td_err *err) {

@@ -152,10 +152,12 @@ size_t td_comm_dtype_size(td_comm_dtype t);  // bytes per element; 0 for an inva
 //                   was posted, still usable.
 //   TD_ERR_TIMEOUT  a peer did not arrive before the deadline; this rank has aborted the
 //                   communicator, and every rank's pending and later operations fail.
-//   TD_ERR_IO       the communicator is broken: a peer aborted it (td_comm_abort), or left
-//                   (td_comm_free) an operation that needs it.
-// After TIMEOUT or IO the contents of receive buffers of failed operations are unspecified and
-// the only useful call left is td_comm_free (others fail at once with the same error).
+//   TD_ERR_IO       a peer aborted the communicator (td_comm_abort): as after a timeout, every
+//                   operation fails; or a peer left (td_comm_free): collectives fail from then on,
+//                   and so do messages to or from that rank, while messages among the others flow.
+// After TIMEOUT or IO the contents of receive buffers of failed operations are unspecified, and a
+// transport may still be using those buffers until td_comm_free returns (the local one never
+// is). Once aborted, the only useful call left is td_comm_free (others fail at once).
 
 // recv[i] = send_0[i] op send_1[i] op ... for i < count, on every rank. In place: send == recv.
 td_status td_comm_allreduce(td_comm *c, const void *send, void *recv, size_t count, td_comm_dtype dtype,

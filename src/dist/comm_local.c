@@ -202,7 +202,8 @@ static void abort_locked(shared *sh, int by, td_status st, const char *reason) {
 // Why this rank cannot post d now (TD_OK: it can).
 static td_status broken(shared *sh, const lrank *me, const td_comm_desc *d, td_err *err) {
     const char *k = td_comm_kind_name(d->kind);
-    if (sh->abort_status != TD_OK) return td_err_set(err, sh->abort_status, "rank %d: %s: %s", me->rank, k, sh->abort_msg);
+    if (sh->abort_status != TD_OK)
+        return td_err_set(err, sh->abort_status, "rank %d: %s: %s", me->rank, k, sh->abort_msg);
     if (d->kind == TD_COMM_SEND || d->kind == TD_COMM_RECV) {
         if (!sh->ranks[d->peer].live)
             return td_err_set(err, TD_ERR_IO, "rank %d: %s: rank %d has left the communicator (td_comm_free)", me->rank,
@@ -392,7 +393,8 @@ static td_status post_collective(shared *sh, lrank *me, lreq *q, td_err *err) {
         if (passed(&deadline)) {
             char who[128], why[TD_ERR_MSG_MAX];
             missing_ranks(sh, s, who, sizeof who);
-            snprintf(why, sizeof why, "timed out after %d ms: %d collectives ahead, collective #%llu still waits for %s",
+            snprintf(why, sizeof why,
+                     "timed out after %d ms: %d collectives ahead, collective #%llu still waits for %s",
                      me->comm.timeout_ms, LOCAL_WINDOW, (unsigned long long)s->seq, who);
             abort_locked(sh, me->rank, TD_ERR_TIMEOUT, why);
             char what[160];

@@ -370,7 +370,8 @@ static void test_determinism(void) {
         // From 3 ranks the inputs are order-sensitive, so a wrong order would show (two ranks'
         // sum is commutative: there only run-to-run and rank-to-rank equality is tested).
         if (size > 2)
-            CHECK(memcmp(want, reversed, sizeof want) != 0, "%d ranks: the test data is insensitive to the sum order", size);
+            CHECK(memcmp(want, reversed, sizeof want) != 0, "%d ranks: the test data is insensitive to the sum order",
+                  size);
         int differ = 0;
         for (int round = 0; round < 20; round++) {
             a.round = round;
@@ -392,7 +393,8 @@ static void rs_ag_rank(td_comm *c, void *arg, bool *freed) {
     td_err err = {0};
     for (int i = 0; i < 3; i++) {
         const size_t n = counts[i];
-        float *in = malloc(n * size * 4), *ar = malloc(n * size * 4), *shard = malloc(n * 4), *ag = malloc(n * size * 4);
+        float *in = malloc(n * size * 4), *ar = malloc(n * size * 4), *ag = malloc(n * size * 4);
+        float *shard = malloc(n * 4);
         fill(TD_COMM_F32, in, n * size, rank, 0, 5 + i);
         td_status st = td_comm_allreduce(c, in, ar, n * size, TD_COMM_F32, TD_COMM_SUM, &err);
         st = st ? st : td_comm_reduce_scatter(c, in, shard, n, TD_COMM_F32, TD_COMM_SUM, &err);
@@ -453,7 +455,8 @@ static void messages_rank(td_comm *c, void *arg, bool *freed) {
         st = st ? st : td_comm_send(c, out, 7, TD_COMM_I64, next, 3, &err);
         st = st ? st : td_comm_wait(q, 0, &err);
         RCHECK(st == TD_OK, "ring: %s", err.msg);
-        RCHECK(check_gen(TD_COMM_I64, in, 7, prev, 0, 900) == 0, "ring: rank %d got the wrong data from %d", rank, prev);
+        RCHECK(check_gen(TD_COMM_I64, in, 7, prev, 0, 900) == 0, "ring: rank %d got the wrong data from %d", rank,
+               prev);
     }
     if (size < 2) return;
     // Tags received in another order than sent; equal tags in sending order.
@@ -505,7 +508,8 @@ static void messages_rank(td_comm *c, void *arg, bool *freed) {
         RCHECK(st == TD_ERR_INVALID && strstr(err.msg, "mismatched"), "rank %d: count mismatch: %s (%s)", rank,
                td_status_name(st), err.msg);
         RCHECK(got[0] == 0, "a mismatched receive wrote its buffer");
-        st = rank == 0 ? td_comm_send(c, buf, 6, TD_COMM_I32, 1, 4, &err) : td_comm_recv(c, got, 6, TD_COMM_I32, 0, 4, &err);
+        st = rank == 0 ? td_comm_send(c, buf, 6, TD_COMM_I32, 1, 4, &err)
+                       : td_comm_recv(c, got, 6, TD_COMM_I32, 0, 4, &err);
         RCHECK(st == TD_OK && (rank == 0 || got[5] == 6), "after a mismatch: %s", err.msg);
     }
 }
@@ -655,6 +659,32 @@ static void p2p_timeout_rank(td_comm *c, void *arg, bool *freed) {
     memcpy(a->msg[0], err.msg, sizeof err.msg);
 }
 
+// Rank 0 runs more collectives ahead than the window (16) while rank 1 never arrives: the post
+// that needs a slot rank 1 still holds fails at the deadline, and the pending requests with it.
+static void window_timeout_rank(td_comm *c, void *arg, bool *freed) {
+    fail_arg *a = arg;
+    td_err err = {0};
+    double x[17] = {0}, y[17];
+    if (td_comm_rank(c) == 1) {
+        nap_ms(200);
+        a->late_st = td_comm_barrier(c, &err);
+        return;
+    }
+    td_comm_req *q[17];
+    int posted = 0;
+    double t0 = td_now();
+    td_status st = TD_OK;
+    for (; posted < 17 && st == TD_OK; posted++)
+        st = td_comm_iallreduce(c, &x[posted], &y[posted], 1, TD_COMM_F64, TD_COMM_SUM, &q[posted], &err);
+    a->secs[0] = td_now() - t0;
+    a->st[0] = st;
+    memcpy(a->msg[0], err.msg, sizeof err.msg);
+    a->st[1] = posted == 17 ? TD_OK : TD_ERR_INVALID;  // the 17th is the one that failed
+    int pending_failed = 0;
+    for (int i = 0; i < 16; i++) pending_failed += td_comm_wait(q[i], 0, &err) == TD_ERR_TIMEOUT;
+    a->st[2] = pending_failed == 16 ? TD_OK : TD_ERR_INVALID;
+}
+
 static void test_timeouts(void) {
     static fail_arg a;
     memset(&a, 0, sizeof a);
@@ -662,8 +692,8 @@ static void test_timeouts(void) {
     for (int r = 0; r < 2; r++) {
         CHECK(a.st[r] == TD_ERR_TIMEOUT, "rank %d: %s (%s)", r, td_status_name(a.st[r]), a.msg[r]);
         CHECK(a.secs[r] >= 0.19 && a.secs[r] < 1.5, "rank %d: failed after %.3f s with a 0.2 s deadline", r, a.secs[r]);
-        CHECK(strstr(a.msg[r], "rank 2") && strstr(a.msg[r], "allreduce"), "rank %d: the message names the missing rank: %s",
-              r, a.msg[r]);
+        CHECK(strstr(a.msg[r], "rank 2") && strstr(a.msg[r], "allreduce"),
+              "rank %d: the message names the missing rank: %s", r, a.msg[r]);
     }
     CHECK(a.late_st == TD_ERR_TIMEOUT && a.late_secs < 0.1 && strstr(a.late_msg, "aborted by rank"),
           "the late rank fails at once: %s after %.3f s (%s)", td_status_name(a.late_st), a.late_secs, a.late_msg);
@@ -672,6 +702,14 @@ static void test_timeouts(void) {
     run_group(2, 5000, p2p_timeout_rank, &a);
     CHECK(a.st[0] == TD_ERR_TIMEOUT && a.secs[0] >= 0.09 && a.secs[0] < 1.0 && strstr(a.msg[0], "rank 1"),
           "per-wait deadline on a receive: %s after %.3f s (%s)", td_status_name(a.st[0]), a.secs[0], a.msg[0]);
+
+    memset(&a, 0, sizeof a);
+    run_group(2, 100, window_timeout_rank, &a);
+    CHECK(a.st[0] == TD_ERR_TIMEOUT && a.st[1] == TD_OK && a.secs[0] >= 0.09 && a.secs[0] < 1.0 &&
+              strstr(a.msg[0], "waits for rank 1"),
+          "posting past the window: %s after %.3f s (%s)", td_status_name(a.st[0]), a.secs[0], a.msg[0]);
+    CHECK(a.st[2] == TD_OK, "the 16 pending collectives fail with the timeout");
+    CHECK(a.late_st == TD_ERR_TIMEOUT, "the rank that never came: %s", td_status_name(a.late_st));
     SECTION_DONE("timeouts");
 }
 
@@ -766,10 +804,13 @@ static void test_abort(void) {
             CHECK(a.f.secs[r] < 1.0, "%s: rank %d failed only after %.3f s", how, r, a.f.secs[r]);
             CHECK(strstr(a.f.msg[r], "rank 2") && strstr(a.f.msg[r], by_free ? "left" : "test abort"),
                   "%s: rank %d: the message names rank 2: %s", how, r, a.f.msg[r]);
-            CHECK(a.after_st[r] == TD_ERR_IO, "%s: rank %d: a later collective: %s", how, r, td_status_name(a.after_st[r]));
+            CHECK(a.after_st[r] == TD_ERR_IO, "%s: rank %d: a later collective: %s", how, r,
+                  td_status_name(a.after_st[r]));
         }
         CHECK(a.p2p_st == TD_ERR_IO, "%s: a pending receive from rank 2: %s", how, td_status_name(a.p2p_st));
-        if (!by_free) CHECK(a.after_st[2] == TD_ERR_IO, "abort: the aborting rank's later call: %s", td_status_name(a.after_st[2]));
+        if (!by_free)
+            CHECK(a.after_st[2] == TD_ERR_IO, "abort: the aborting rank's later call: %s",
+                  td_status_name(a.after_st[2]));
     }
     SECTION_DONE("abort");
 }
@@ -790,7 +831,8 @@ static void test_arguments(void) {
     CHECK(td_comm_allreduce(c, buf, buf + 1, 4, TD_COMM_F32, TD_COMM_SUM, &err) == TD_ERR_INVALID, "overlap");
     CHECK(td_comm_allreduce(c, buf, out, 4, (td_comm_dtype)9, TD_COMM_SUM, &err) == TD_ERR_INVALID, "dtype");
     CHECK(td_comm_allreduce(c, buf, out, 4, TD_COMM_F32, (td_comm_op)7, &err) == TD_ERR_INVALID, "op");
-    CHECK(td_comm_allreduce(c, (char *)buf + 1, out, 2, TD_COMM_F32, TD_COMM_SUM, &err) == TD_ERR_INVALID, "misaligned");
+    CHECK(td_comm_allreduce(c, (char *)buf + 1, out, 2, TD_COMM_F32, TD_COMM_SUM, &err) == TD_ERR_INVALID,
+          "misaligned");
     CHECK(td_comm_allreduce(c, buf, out, SIZE_MAX / 2, TD_COMM_F32, TD_COMM_SUM, &err) == TD_ERR_INVALID, "overflow");
     CHECK(td_comm_broadcast(c, buf, 4, TD_COMM_F32, 1, &err) == TD_ERR_INVALID, "root out of range");
     CHECK(td_comm_send(c, buf, 4, TD_COMM_F32, 0, TD_COMM_TAG_MAX + 1, &err) == TD_ERR_INVALID, "tag");
