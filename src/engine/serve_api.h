@@ -72,6 +72,8 @@ typedef struct td_gen_token {
     float logprob;
     const td_top_logprob *top;  // [n_top] alternatives, best first
     int n_top;
+    uint64_t weights_version;  // the engine's weights version whose logits gave this event (0: the
+                               //   weights it started with; engine/engine.h); servers may ignore it
 } td_gen_token;
 
 typedef struct td_gen_usage {
