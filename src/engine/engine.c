@@ -1,7 +1,8 @@
 // The serving engine's step loop (see engine.h). One engine thread owns the forward, the pool, the
-// scheduler and every request once it has left the inbox; server threads only touch the inbox,
-// cancel flags and the stats snapshot, all under one mutex. Sink callbacks run on the engine
-// thread without the mutex held.
+// scheduler, every request once it has left the inbox, and the KV imports; server threads only
+// touch the inbox, cancel flags, the command queue and the stats snapshot, all under one mutex.
+// Sink callbacks run on the engine thread without the mutex held. Commands are applied between
+// steps (docs/engine.md, "The command queue").
 #include "engine/engine.h"
 
 #include "base/rng.h"
@@ -25,6 +26,9 @@
 #define SEQ_SHIFT 6  // seq id = request slot << SEQ_SHIFT | choice (TD_ENG_MAX_N == 1 << SEQ_SHIFT)
 #define TEXT_CAP (1 << 16)
 #define MAX_LOGPROBS 20
+#define MAX_IMPORTS 256                      // KV imports pending at once
+#define N_ENDED 32                           // recently ended imports remembered for messages
+#define IDLE_TICK_NS (200 * 1000000LL)       // the idle engine thread wakes at least this often
 
 typedef struct echoice {
     td_rng rng;
@@ -63,6 +67,34 @@ typedef struct entry_meta {  // per step entry: where its logits rows are, what 
     bool lp;       // prompt logprob events are owed by this entry's request (choice 0 prefill)
     int lp_first;  // first position p whose row is a prompt-logprob row (predicts p + 1); -1 none
 } entry_meta;
+
+// A command: engine-owned from submit to release (the caller's td_eng_cmd is copied; IMPORT_BEGIN's
+// tokens and results live in the same allocation). Every state change is under mu.
+typedef enum cmd_state { CMD_QUEUED, CMD_RUNNING, CMD_PARKED, CMD_DONE } cmd_state;
+struct td_eng_ticket {
+    struct td_eng_ticket *next, *prev;  // e->tickets: every ticket not yet freed
+    struct td_eng_ticket *qnext;        // e->cmd_head queue (QUEUED), or e->drains (PARKED DRAIN)
+    td_eng_cmd c;                       // the copy; out fields are filled here by the engine thread
+    int32_t *tokens;                    // IMPORT_BEGIN: [n_blocks * block_size] the full blocks' ids
+    int32_t *blocks;                    // IMPORT_BEGIN results: [n_blocks]
+    size_t *offsets;                    //   [n_blocks, n_layers, 2]
+    cmd_state state;
+    bool released;  // the caller let go: whoever moves it to (or finds it in) CMD_DONE frees it
+    td_status st;
+    char msg[TD_ERR_MSG_MAX];
+};
+
+// A pending KV import: blocks reserved (one reference each, held by the import, not by a sequence)
+// until TRANSFER_DONE enters them into the prefix cache or the lease ends.
+typedef struct eimport {
+    struct eimport *next;
+    uint64_t id, version;
+    int n_blocks;
+    int lease_ms;
+    int64_t deadline_ns;  // CLOCK_MONOTONIC
+    int32_t *blocks;      // [n_blocks]
+    int32_t *tokens;      // [n_blocks * block_size]
+} eimport;
 
 struct td_eng {
     td_eng_params p;
@@ -114,6 +146,26 @@ struct td_eng {
     td_sched_stats sst;
     td_eng_debug dbg;
     uint64_t seed_ctr;
+
+    // commands: the queue, the ticket list and the flags below under mu; the rest engine thread
+    pthread_cond_t cmd_cv;                // broadcast when a command completes
+    struct td_eng_ticket *cmd_head, *cmd_tail;
+    struct td_eng_ticket *tickets;
+    struct td_eng_ticket *drains, *drains_tail;  // DRAINs applied, waiting for idleness (FIFO)
+    bool draining;                        // (mu) submissions refused
+    bool weights_ok;                      // (mu; engine thread writes) false after a failed update
+    char weights_msg[TD_ERR_MSG_MAX];     // (mu) why, for submissions and failed requests
+    uint64_t weights_version;             // engine thread (written under mu too, for snapshots)
+    uint64_t n_commands;
+    eimport *imports;
+    int n_imports, n_import_blocks;
+    uint64_t next_import;
+    struct {
+        uint64_t id;
+        const char *why;
+        int lease_ms;
+    } ended[N_ENDED];                     // ring of recently ended imports
+    int n_ended;
 };
 
 td_eng_params td_eng_default_params(void) {
@@ -137,6 +189,18 @@ static size_t mem_available(void) {
         if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
     fclose(f);
     return kb * 1024;
+}
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+// pthread_cond_timedwait until a CLOCK_MONOTONIC instant (every cond var here uses that clock).
+static void cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t t_ns) {
+    struct timespec ts = {.tv_sec = (time_t)(t_ns / 1000000000LL), .tv_nsec = (long)(t_ns % 1000000000LL)};
+    pthread_cond_timedwait(cv, mu, &ts);
 }
 
 static bool is_eos(const td_eng *e, int32_t t) {
@@ -240,6 +304,13 @@ td_status td_eng_submit(td_eng *e, const td_gen_request *g, const td_gen_sink *s
         pthread_mutex_unlock(&e->mu);
         req_free(r);
         return td_err_set(err, TD_ERR_LIMIT, "engine: %d requests queued, try again later", e->p.max_queue);
+    }
+    if (e->draining || !e->weights_ok) {
+        td_status st = e->draining ? td_err_set(err, TD_ERR_LIMIT, "engine: draining: not accepting new requests")
+                                   : td_err_set(err, TD_ERR_LIMIT, "%s", e->weights_msg);
+        pthread_mutex_unlock(&e->mu);
+        req_free(r);
+        return st;
     }
     r->handle = ++e->next_handle;
     h->v = r->handle;
@@ -378,7 +449,12 @@ static bool req_admit(td_eng *e, ereq *r) {
 static void emit_token(td_eng *e, ereq *r, int index, bool prompt, int32_t tok, const char *text, size_t len,
                        const float *row, int k) {
     td_top_logprob top[MAX_LOGPROBS];
-    td_gen_token t = {.index = index, .prompt = prompt, .token = tok, .text = text ? text : "", .text_len = len};
+    td_gen_token t = {.index = index,
+                      .prompt = prompt,
+                      .token = tok,
+                      .text = text ? text : "",
+                      .text_len = len,
+                      .weights_version = e->weights_version};
     if (row) {
         double lse = td_logsumexp(row, e->vocab);
         t.has_logprob = true;
@@ -492,6 +568,10 @@ static void snapshot(td_eng *e) {
     e->dbg.n_blocks_free = st.n_blocks_free;
     e->dbg.n_blocks_evictable = st.n_blocks_evictable;
     e->dbg.n_blocks_used = st.n_blocks_used;
+    e->dbg.weights_version = e->weights_version;
+    e->dbg.weights_ok = e->weights_ok;
+    e->dbg.draining = e->draining;
+    e->dbg.n_imports = e->n_imports;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -587,14 +667,558 @@ static bool step(td_eng *e) {
     return true;
 }
 
+// ---- commands (docs/engine.md, "The command queue")
+
+static const char *cmd_name(td_eng_cmd_type t) {
+    switch (t) {
+    case TD_ENG_CMD_SET_WEIGHTS: return "SET_WEIGHTS";
+    case TD_ENG_CMD_IMPORT_BEGIN: return "IMPORT_BEGIN";
+    case TD_ENG_CMD_TRANSFER_DONE: return "TRANSFER_DONE";
+    case TD_ENG_CMD_DRAIN: return "DRAIN";
+    case TD_ENG_CMD_RESUME: return "RESUME";
+    case TD_ENG_CMD_REPORT_STATE: return "REPORT_STATE";
+    }
+    return "unknown command";
+}
+
+static bool on_engine_thread(const td_eng *e) { return e->th_started && pthread_equal(pthread_self(), e->th); }
+
+// Unlinks t from the ticket list and frees it (mu held).
+static void ticket_free_locked(td_eng *e, td_eng_ticket *t) {
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        e->tickets = t->next;
+    if (t->next) t->next->prev = t->prev;
+    free(t);
+}
+
+td_status td_eng_cmd_submit(td_eng *e, const td_eng_cmd *cmd, td_eng_ticket **out, td_err *err) {
+    if (out) *out = NULL;
+    if (!e || !cmd || !out) return td_err_set(err, TD_ERR_INVALID, "engine: command: no engine, command or ticket");
+    const int bs = e->p.block_size, L = e->n_layers;
+    int nb = 0;  // IMPORT_BEGIN: blocks to reserve
+    switch (cmd->type) {
+    case TD_ENG_CMD_SET_WEIGHTS:
+        if (!cmd->set_weights.get) return td_err_set(err, TD_ERR_INVALID, "engine: SET_WEIGHTS without a source");
+        break;
+    case TD_ENG_CMD_IMPORT_BEGIN: {
+        const int n = cmd->import.n_tokens;
+        if (!cmd->import.tokens || n < bs)
+            return td_err_set(err, TD_ERR_INVALID, "engine: IMPORT_BEGIN needs at least one full block (%d tokens), got %d",
+                              bs, n);
+        if (n > e->max_ctx)
+            return td_err_set(err, TD_ERR_INVALID, "engine: IMPORT_BEGIN of %d tokens: max_model_len is %d", n, e->max_ctx);
+        if (cmd->import.lease_ms <= 0)
+            return td_err_set(err, TD_ERR_INVALID, "engine: IMPORT_BEGIN needs a lease (lease_ms > 0)");
+        nb = n / bs;
+        for (int i = 0; i < nb * bs; i++)
+            if (cmd->import.tokens[i] < 0 || cmd->import.tokens[i] >= e->vocab)
+                return td_err_set(err, TD_ERR_INVALID, "engine: IMPORT_BEGIN: token %d at position %d is outside the vocabulary (%d)",
+                                  cmd->import.tokens[i], i, e->vocab);
+        break;
+    }
+    case TD_ENG_CMD_TRANSFER_DONE:
+    case TD_ENG_CMD_DRAIN:
+    case TD_ENG_CMD_RESUME:
+    case TD_ENG_CMD_REPORT_STATE: break;
+    default: return td_err_set(err, TD_ERR_INVALID, "engine: unknown command type %d", (int)cmd->type);
+    }
+    // One allocation: the ticket, then IMPORT_BEGIN's offsets, blocks and tokens.
+    const size_t n_off = (size_t)nb * (size_t)L * 2;
+    const size_t sz = sizeof(td_eng_ticket) + n_off * sizeof(size_t) + (size_t)nb * sizeof(int32_t) +
+                      (size_t)nb * (size_t)bs * sizeof(int32_t);
+    td_eng_ticket *t = calloc(1, sz);
+    if (!t) return td_err_set(err, TD_ERR_NOMEM, "engine: out of memory");
+    t->c = *cmd;
+    if (cmd->type == TD_ENG_CMD_IMPORT_BEGIN) {
+        t->offsets = (size_t *)(t + 1);
+        t->blocks = (int32_t *)(t->offsets + n_off);
+        t->tokens = t->blocks + nb;
+        memcpy(t->tokens, cmd->import.tokens, (size_t)nb * (size_t)bs * sizeof(int32_t));
+        t->c.import.tokens = t->tokens;  // never the caller's pointers from here on
+        t->c.import.blocks = NULL;
+        t->c.import.offsets = NULL;
+    }
+    t->state = CMD_QUEUED;
+    pthread_mutex_lock(&e->mu);
+    if (e->quit) {
+        pthread_mutex_unlock(&e->mu);
+        free(t);
+        return td_err_set(err, TD_ERR_LIMIT, "engine: shutting down");
+    }
+    t->next = e->tickets;
+    if (e->tickets) e->tickets->prev = t;
+    e->tickets = t;
+    if (e->cmd_tail)
+        e->cmd_tail->qnext = t;
+    else
+        e->cmd_head = t;
+    e->cmd_tail = t;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    *out = t;
+    return TD_OK;
+}
+
+// Copies a completed command's out fields into the caller's struct (mu held).
+static void cmd_copy_out(const td_eng *e, const td_eng_ticket *t, td_eng_cmd *dst) {
+    const td_eng_cmd *c = &t->c;
+    switch (c->type) {
+    case TD_ENG_CMD_SET_WEIGHTS: dst->set_weights.version = c->set_weights.version; break;
+    case TD_ENG_CMD_IMPORT_BEGIN: {
+        const int nb = c->import.n_blocks;
+        dst->import.import_id = c->import.import_id;
+        dst->import.n_blocks = nb;
+        dst->import.buffer = c->import.buffer;
+        dst->import.block_bytes = c->import.block_bytes;
+        dst->import.dtype = c->import.dtype;
+        if (dst->import.blocks && nb) memcpy(dst->import.blocks, t->blocks, (size_t)nb * sizeof(int32_t));
+        if (dst->import.offsets && nb)
+            memcpy(dst->import.offsets, t->offsets, (size_t)nb * (size_t)e->n_layers * 2 * sizeof(size_t));
+        break;
+    }
+    case TD_ENG_CMD_TRANSFER_DONE: dst->transfer_done.n_cached_tokens = c->transfer_done.n_cached_tokens; break;
+    case TD_ENG_CMD_REPORT_STATE: dst->state = c->state; break;
+    default: break;
+    }
+}
+
+td_status td_eng_cmd_wait(td_eng *e, td_eng_ticket *t, td_eng_cmd *cmd, int timeout_ms, bool *done, td_err *err) {
+    bool dummy;
+    if (!done) done = &dummy;
+    *done = false;
+    if (!e || !t) return td_err_set(err, TD_ERR_INVALID, "engine: command wait: no engine or ticket");
+    if (timeout_ms < 0) timeout_ms = 0;
+    if (timeout_ms > 0 && on_engine_thread(e))
+        return td_err_set(err, TD_ERR_INVALID, "engine: the engine thread may only poll commands (timeout 0)");
+    const int64_t deadline = now_ns() + (int64_t)timeout_ms * 1000000LL;
+    pthread_mutex_lock(&e->mu);
+    while (t->state != CMD_DONE && now_ns() < deadline) cond_wait_until(&e->cmd_cv, &e->mu, deadline);
+    if (t->state != CMD_DONE) {
+        const char *what = t->state == CMD_QUEUED ? "queued" : "being applied";
+        td_eng_cmd_type ty = t->c.type;
+        pthread_mutex_unlock(&e->mu);
+        return td_err_set(err, TD_ERR_LIMIT, "engine: %s not completed within %d ms (still %s)", cmd_name(ty),
+                          timeout_ms, what);
+    }
+    if (cmd) cmd_copy_out(e, t, cmd);
+    td_status st = t->st;
+    if (st) td_err_set(err, st, "%s", t->msg);
+    pthread_mutex_unlock(&e->mu);
+    *done = true;
+    return st;
+}
+
+// Releases t; returns the state it was in (QUEUED: cancelled, never runs).
+static cmd_state ticket_release(td_eng *e, td_eng_ticket *t) {
+    pthread_mutex_lock(&e->mu);
+    cmd_state was = t->state;
+    if (was == CMD_QUEUED) {
+        td_eng_ticket **pp = &e->cmd_head, *prev = NULL;
+        while (*pp && *pp != t) prev = *pp, pp = &(*pp)->qnext;
+        TD_ASSERT(*pp == t);
+        *pp = t->qnext;
+        if (e->cmd_tail == t) e->cmd_tail = prev;
+        ticket_free_locked(e, t);
+    } else if (was == CMD_DONE) {
+        ticket_free_locked(e, t);
+    } else {
+        t->released = true;  // the engine thread frees it when it completes
+    }
+    pthread_mutex_unlock(&e->mu);
+    return was;
+}
+
+void td_eng_cmd_release(td_eng *e, td_eng_ticket *t) {
+    if (e && t) ticket_release(e, t);
+}
+
+td_status td_eng_command(td_eng *e, td_eng_cmd *cmd, int timeout_ms, td_err *err) {
+    if (!e || !cmd) return td_err_set(err, TD_ERR_INVALID, "engine: command: no engine or command");
+    if (timeout_ms <= 0) return td_err_set(err, TD_ERR_INVALID, "engine: %s: timeout_ms must be > 0", cmd_name(cmd->type));
+    if (on_engine_thread(e))
+        return td_err_set(err, TD_ERR_INVALID,
+                          "engine: td_eng_command called on the engine thread (use td_eng_cmd_submit from callbacks)");
+    td_eng_ticket *t = NULL;
+    td_status st = td_eng_cmd_submit(e, cmd, &t, err);
+    if (st) return st;
+    bool done = false;
+    st = td_eng_cmd_wait(e, t, cmd, timeout_ms, &done, err);
+    if (done) {
+        ticket_release(e, t);
+        return st;
+    }
+    // The deadline passed: a queued command is taken back; a running one completes unobserved
+    // (or, when it completed just now, its result is used after all).
+    pthread_mutex_lock(&e->mu);
+    if (t->state == CMD_DONE) {
+        cmd_copy_out(e, t, cmd);
+        st = t->st;
+        if (st) td_err_set(err, st, "%s", t->msg);
+        pthread_mutex_unlock(&e->mu);
+        ticket_release(e, t);
+        return st;
+    }
+    pthread_mutex_unlock(&e->mu);
+    cmd_state was = ticket_release(e, t);
+    return td_err_set(err, TD_ERR_LIMIT, "engine: %s timed out after %d ms: %s", cmd_name(cmd->type), timeout_ms,
+                      was == CMD_QUEUED ? "cancelled before it ran (nothing changed)"
+                                        : "it is being applied; its result will be discarded");
+}
+
+// Engine thread: the command is complete; wake waiters, free it if nobody waits any more.
+static void cmd_complete(td_eng *e, td_eng_ticket *t, td_status st, const char *msg) {
+    pthread_mutex_lock(&e->mu);
+    t->st = st;
+    snprintf(t->msg, sizeof t->msg, "%s", st && msg ? msg : "");
+    t->state = CMD_DONE;
+    if (t->released) ticket_free_locked(e, t);
+    pthread_cond_broadcast(&e->cmd_cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void state_fill(td_eng *e, td_eng_state *o) {
+    td_sched_stats st;
+    td_sched_stats_get(e->sched, &st);
+    memset(o, 0, sizeof *o);
+    pthread_mutex_lock(&e->mu);
+    o->weights_ok = e->weights_ok;
+    o->draining = e->draining;
+    o->n_live = e->n_live;
+    o->n_steps = e->dbg.n_steps;
+    pthread_mutex_unlock(&e->mu);
+    o->weights_version = e->weights_version;
+    o->n_running = st.n_running;
+    o->n_waiting = st.n_waiting;
+    o->n_blocks = st.n_blocks;
+    o->n_blocks_free = st.n_blocks_free;
+    o->n_blocks_evictable = st.n_blocks_evictable;
+    o->n_blocks_used = st.n_blocks_used;
+    o->n_imports = e->n_imports;
+    o->n_import_blocks = e->n_import_blocks;
+    o->n_commands = e->n_commands;
+}
+
+// Ends an import: its references are dropped last to first (as a sequence releases its blocks),
+// so blocks it cached become evictable and the others free; remembered for later messages.
+static void import_end(td_eng *e, eimport *im, const char *why) {
+    for (int i = im->n_blocks - 1; i >= 0; i--) td_kv_pool_decref(e->pool, im->blocks[i]);
+    int k = e->n_ended++ % N_ENDED;
+    e->ended[k].id = im->id;
+    e->ended[k].why = why;
+    e->ended[k].lease_ms = im->lease_ms;
+    e->n_imports--;
+    e->n_import_blocks -= im->n_blocks;
+    free(im);
+}
+
+static void imports_drop_all(td_eng *e, const char *why) {
+    while (e->imports) {
+        eimport *im = e->imports;
+        e->imports = im->next;
+        import_end(e, im, why);
+    }
+}
+
+static void imports_expire(td_eng *e) {
+    const int64_t now = now_ns();
+    bool expired = false;
+    for (eimport **pp = &e->imports; *pp;) {
+        eimport *im = *pp;
+        if (now < im->deadline_ns) {
+            pp = &im->next;
+            continue;
+        }
+        *pp = im->next;
+        TD_LOGW("engine: KV import %llu expired (lease %d ms): %d blocks freed", (unsigned long long)im->id,
+                im->lease_ms, im->n_blocks);
+        import_end(e, im, "its lease expired");
+        expired = true;
+    }
+    if (expired) snapshot(e);
+}
+
+static int64_t imports_due(const td_eng *e) {  // the earliest lease deadline, INT64_MAX if none
+    int64_t due = INT64_MAX;
+    for (const eimport *im = e->imports; im; im = im->next)
+        if (im->deadline_ns < due) due = im->deadline_ns;
+    return due;
+}
+
+// Ends every request (running, queued in the scheduler, pending) with status st.
+static void fail_all(td_eng *e, td_status st, const char *msg) {
+    for (int s = 0; s < e->n_req_slots; s++)
+        if (e->slots[s]) req_abort(e, e->slots[s], st, msg);
+    while (e->pend_head) {
+        ereq *r = e->pend_head;
+        e->pend_head = r->qnext;
+        if (!e->pend_head) e->pend_tail = NULL;
+        pthread_mutex_lock(&e->mu);
+        e->n_pending--;
+        pthread_mutex_unlock(&e->mu);
+        req_abort(e, r, st, msg);
+    }
+}
+
+static td_status cmd_set_weights(td_eng *e, td_eng_cmd *c, td_err *err) {
+    if (!e->p.updatable_weights)
+        return td_err_set(err, TD_ERR_UNSUPPORTED,
+                          "engine: SET_WEIGHTS needs an engine created with updatable_weights (td_eng_params): this "
+                          "one reads the model's weights in place; nothing changed");
+    td_err ferr = {0};
+    td_status st = td_forward_set_weights(e->fwd, c->set_weights.get, c->set_weights.ctx, &ferr);
+    if (st == TD_OK) {
+        // The new weights are complete: nothing computed by the old ones is read again (running
+        // sequences recompute, the prefix cache restarts under the new version), and imports
+        // computed by the old ones are dropped.
+        imports_drop_all(e, "dropped by a weights update");
+        td_sched_set_weights_version(e->sched, e->weights_version + 1);
+        pthread_mutex_lock(&e->mu);
+        e->weights_version++;
+        e->weights_ok = true;
+        e->weights_msg[0] = 0;
+        pthread_mutex_unlock(&e->mu);
+        c->set_weights.version = e->weights_version;
+        TD_LOGI("engine: weights updated to version %llu", (unsigned long long)e->weights_version);
+        return TD_OK;
+    }
+    c->set_weights.version = e->weights_version;
+    if (st == TD_ERR_UNSUPPORTED)  // refused before touching anything (forward.h): keep serving
+        return td_err_set(err, st, "engine: SET_WEIGHTS: %s; nothing changed", ferr.msg);
+    // Some weights may be new: the forward refuses to run until a good update, so every request
+    // ends now with the reason instead of failing step after step, and new ones are refused.
+    char msg[TD_ERR_MSG_MAX];
+    snprintf(msg, sizeof msg, "engine: the weights update failed (%.400s); no request is served until a SET_WEIGHTS "
+             "succeeds", ferr.msg);
+    TD_LOGE("%s", msg);
+    pthread_mutex_lock(&e->mu);
+    e->weights_ok = false;
+    snprintf(e->weights_msg, sizeof e->weights_msg, "%s", msg);
+    pthread_mutex_unlock(&e->mu);
+    imports_drop_all(e, "dropped by a failed weights update");
+    fail_all(e, TD_ERR_LIMIT, msg);
+    return td_err_set(err, st, "engine: SET_WEIGHTS failed: %s", ferr.msg);
+}
+
+static td_status cmd_import_begin(td_eng *e, td_eng_ticket *t, td_err *err) {
+    td_eng_cmd *c = &t->c;
+    const int bs = e->p.block_size, L = e->n_layers, nb = c->import.n_tokens / bs;
+    if (!e->p.enable_prefix_cache)
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "engine: IMPORT_BEGIN needs the prefix cache (enable_prefix_cache)");
+    if (!e->weights_ok) return td_err_set(err, TD_ERR_LIMIT, "engine: IMPORT_BEGIN: %s", e->weights_msg);
+    if (c->import.weights_version != e->weights_version)
+        return td_err_set(err, TD_ERR_INVALID,
+                          "engine: IMPORT_BEGIN: the KV was computed with weights version %llu, the engine is at "
+                          "version %llu: rejected",
+                          (unsigned long long)c->import.weights_version, (unsigned long long)e->weights_version);
+    if (e->n_imports >= MAX_IMPORTS)
+        return td_err_set(err, TD_ERR_LIMIT, "engine: IMPORT_BEGIN: %d imports pending already", e->n_imports);
+    const int avail = td_kv_pool_n_available(e->pool);
+    if (avail < nb)
+        return td_err_set(err, TD_ERR_LIMIT,
+                          "engine: IMPORT_BEGIN: no room for %d blocks: %d free or evictable (an import never "
+                          "preempts running sequences)",
+                          nb, avail);
+    eimport *im = calloc(1, sizeof *im + (size_t)nb * sizeof(int32_t) * (1 + (size_t)bs));
+    if (!im) return td_err_set(err, TD_ERR_NOMEM, "engine: out of memory");
+    im->blocks = (int32_t *)(im + 1);
+    im->tokens = im->blocks + nb;
+    memcpy(im->tokens, t->tokens, (size_t)nb * (size_t)bs * sizeof(int32_t));
+    for (int i = 0; i < nb; i++) {
+        td_status st = td_kv_pool_alloc(e->pool, &im->blocks[i]);
+        TD_ASSERT(st == TD_OK);  // counted above; nothing else allocates meanwhile
+    }
+    im->n_blocks = nb;
+    im->id = ++e->next_import;
+    im->version = e->weights_version;
+    im->lease_ms = c->import.lease_ms;
+    im->deadline_ns = now_ns() + (int64_t)c->import.lease_ms * 1000000LL;
+    im->next = e->imports;
+    e->imports = im;
+    e->n_imports++;
+    e->n_import_blocks += nb;
+    c->import.import_id = im->id;
+    c->import.n_blocks = nb;
+    c->import.buffer = td_kv_pool_buffer(e->pool);
+    c->import.block_bytes = (size_t)bs * td_kv_pool_row_bytes(e->pool);
+    c->import.dtype = td_kv_pool_dtype(e->pool);
+    for (int i = 0; i < nb; i++) {
+        t->blocks[i] = im->blocks[i];
+        for (int l = 0; l < L; l++)
+            for (int kv = 0; kv < 2; kv++)
+                t->offsets[((size_t)i * L + l) * 2 + kv] = td_kv_pool_offset(e->pool, im->blocks[i], l, kv);
+    }
+    return TD_OK;
+}
+
+static td_status cmd_transfer_done(td_eng *e, td_eng_cmd *c, td_err *err) {
+    const uint64_t id = c->transfer_done.import_id;
+    c->transfer_done.n_cached_tokens = 0;
+    eimport **pp = &e->imports;
+    while (*pp && (*pp)->id != id) pp = &(*pp)->next;
+    if (!*pp) {
+        for (int i = 0; i < N_ENDED && i < e->n_ended; i++) {
+            int k = (e->n_ended - 1 - i) % N_ENDED;
+            if (e->ended[k].id == id)
+                return td_err_set(err, TD_ERR_NOT_FOUND,
+                                  "engine: TRANSFER_DONE: import %llu is no longer pending: %s (lease %d ms)",
+                                  (unsigned long long)id, e->ended[k].why, e->ended[k].lease_ms);
+        }
+        return td_err_set(err, TD_ERR_NOT_FOUND, "engine: TRANSFER_DONE: no pending import %llu", (unsigned long long)id);
+    }
+    eimport *im = *pp;
+    *pp = im->next;
+    if (c->transfer_done.status != TD_OK) {
+        import_end(e, im, "its transfer failed");
+        return TD_OK;
+    }
+    TD_ASSERT(im->version == e->weights_version);  // updates drop pending imports
+    // The chain for these tokens, as the scheduler commits a sequence's full blocks. A block whose
+    // prefix is already cached stays uncached (and is freed below); the chain goes on from the
+    // canonical entry.
+    const int bs = e->p.block_size;
+    uint64_t h = td_kv_pool_root_hash(e->pool), parent = TD_KV_NO_ENTRY;
+    for (int i = 0; i < im->n_blocks; i++) {
+        const int32_t *tok = im->tokens + (size_t)i * bs;
+        h = td_kv_pool_hash(e->pool, h, tok);
+        parent = td_kv_pool_cache_insert(e->pool, im->blocks[i], h, parent, tok);
+    }
+    c->transfer_done.n_cached_tokens = im->n_blocks * bs;
+    import_end(e, im, "TRANSFER_DONE was applied already");
+    return TD_OK;
+}
+
+// Engine-side invariant check: td_sched_check, which counts only sequences' references, or, while
+// imports hold blocks, the pool's own check plus every block's refcount against the references of
+// the live sequences (through td_sched_get) and of the imports.
+static td_status check_all(td_eng *e, td_err *err) {
+    if (!e->imports) return td_sched_check(e->sched, err);
+    td_status st = td_kv_pool_check(e->pool, err);
+    if (st) return st;
+    const int nb = td_kv_pool_n_blocks(e->pool);
+    int32_t *refs = calloc((size_t)nb, sizeof *refs);
+    if (!refs) return td_err_set(err, TD_ERR_NOMEM, "engine check: no memory");
+    for (int s = 0; s < e->n_req_slots && !st; s++) {
+        ereq *r = e->slots[s];
+        for (int j = 0; r && j < r->g.n && !st; j++) {
+            if (!r->ch[j].in_sched) continue;
+            const td_seq *q = td_sched_get(e->sched, seq_of(r, j));
+            if (!q) {
+                st = td_err_set(err, TD_ERR_INVALID, "engine check: seq %llu not in the scheduler",
+                                (unsigned long long)seq_of(r, j));
+                break;
+            }
+            for (int i = 0; i < q->n_blocks; i++) refs[q->blocks[i]]++;
+        }
+    }
+    for (const eimport *im = e->imports; im; im = im->next)
+        for (int i = 0; i < im->n_blocks; i++) refs[im->blocks[i]]++;
+    for (int b = 0; !st && b < nb; b++)
+        if (refs[b] != td_kv_pool_refcount(e->pool, b))
+            st = td_err_set(err, TD_ERR_INVALID, "engine check: block %d: refcount %d but %d references", b,
+                            td_kv_pool_refcount(e->pool, b), refs[b]);
+    free(refs);
+    return st;
+}
+
+static void debug_check(td_eng *e) {
+    if (!e->p.debug_checks) return;
+    td_err err = {0};
+    if (check_all(e, &err) != TD_OK) {
+        pthread_mutex_lock(&e->mu);
+        if (e->dbg.n_check_failures++ == 0) snprintf(e->dbg.check_msg, sizeof e->dbg.check_msg, "%.150s", err.msg);
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+// Completes the parked DRAINs (in order) once no request is live, or with st/msg when given.
+static void drains_complete(td_eng *e, td_status st, const char *msg) {
+    if (!e->drains) return;
+    if (!st) {
+        pthread_mutex_lock(&e->mu);
+        bool idle = e->n_live == 0;
+        pthread_mutex_unlock(&e->mu);
+        if (!idle) return;
+    }
+    while (e->drains) {
+        td_eng_ticket *t = e->drains;
+        e->drains = t->qnext;
+        t->qnext = NULL;
+        cmd_complete(e, t, st, msg);
+    }
+    e->drains_tail = NULL;
+}
+
+// Applies one command (engine thread, between steps). A DRAIN with requests still live is parked
+// and completes later; everything else completes here.
+static void cmd_apply(td_eng *e, td_eng_ticket *t) {
+    td_err err = {0};
+    td_status st = TD_OK;
+    e->n_commands++;
+    switch (t->c.type) {
+    case TD_ENG_CMD_SET_WEIGHTS: st = cmd_set_weights(e, &t->c, &err); break;
+    case TD_ENG_CMD_IMPORT_BEGIN: st = cmd_import_begin(e, t, &err); break;
+    case TD_ENG_CMD_TRANSFER_DONE: st = cmd_transfer_done(e, &t->c, &err); break;
+    case TD_ENG_CMD_DRAIN: {
+        pthread_mutex_lock(&e->mu);
+        e->draining = true;
+        t->state = CMD_PARKED;
+        pthread_mutex_unlock(&e->mu);
+        if (e->drains_tail)
+            e->drains_tail->qnext = t;
+        else
+            e->drains = t;
+        e->drains_tail = t;
+        drains_complete(e, TD_OK, NULL);  // at once when already idle
+        return;
+    }
+    case TD_ENG_CMD_RESUME:
+        pthread_mutex_lock(&e->mu);
+        e->draining = false;
+        pthread_mutex_unlock(&e->mu);
+        drains_complete(e, TD_ERR_LIMIT, "engine: DRAIN interrupted by RESUME before the engine was idle");
+        break;
+    case TD_ENG_CMD_REPORT_STATE: state_fill(e, &t->c.state); break;
+    }
+    snapshot(e);  // td_eng_debug agrees with the command's effect once its waiter wakes
+    cmd_complete(e, t, st, err.msg);
+}
+
+// Applies every queued command in FIFO order; with quit, completes them with an error instead.
+static void cmds_run(td_eng *e, bool quit) {
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        td_eng_ticket *t = e->cmd_head;
+        if (t) {
+            e->cmd_head = t->qnext;
+            if (!e->cmd_head) e->cmd_tail = NULL;
+            t->qnext = NULL;
+            t->state = CMD_RUNNING;
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (!t) return;
+        if (quit)
+            cmd_complete(e, t, TD_ERR_LIMIT, "engine: shutting down");
+        else
+            cmd_apply(e, t);
+        debug_check(e);
+    }
+}
+
 static void *engine_thread(void *arg) {
     td_eng *e = arg;
     uint64_t seen_cancels = 0;
     for (;;) {
+        drains_complete(e, TD_OK, NULL);  // DRAINs whose engine became idle
         pthread_mutex_lock(&e->mu);
         bool active = e->n_free_slots < e->n_req_slots || e->pend_head;
-        while (!e->quit && !e->inbox_head && !active && e->n_cancel_req == seen_cancels)
-            pthread_cond_wait(&e->cv, &e->mu);
+        // Idle: sleep until work arrives, the next lease deadline, or the tick.
+        while (!e->quit && !e->inbox_head && !active && e->n_cancel_req == seen_cancels && !e->cmd_head) {
+            const int64_t now = now_ns(), due = imports_due(e);
+            if (now >= due) break;
+            cond_wait_until(&e->cv, &e->mu, due - now < IDLE_TICK_NS ? due : now + IDLE_TICK_NS);
+        }
         bool quit = e->quit;
         // Take the inbox (FCFS after what is already pending).
         if (e->inbox_head) {
@@ -633,6 +1257,9 @@ static void *engine_thread(void *arg) {
                 }
             }
         }
+        // Commands, between steps; then leases that ran out.
+        cmds_run(e, quit);
+        imports_expire(e);
         if (quit && !e->pend_head && e->n_free_slots == e->n_req_slots) {
             pthread_mutex_lock(&e->mu);
             bool empty = !e->inbox_head;
@@ -640,7 +1267,15 @@ static void *engine_thread(void *arg) {
             if (empty) break;
             continue;
         }
-        // Admit pending requests in order while the scheduler has room.
+        // Admit pending requests in order while the scheduler has room (none while the weights
+        // are unusable: they end with the reason).
+        if (!e->weights_ok && e->pend_head) {
+            char msg[TD_ERR_MSG_MAX];
+            pthread_mutex_lock(&e->mu);
+            snprintf(msg, sizeof msg, "%s", e->weights_msg);
+            pthread_mutex_unlock(&e->mu);
+            fail_all(e, TD_ERR_LIMIT, msg);
+        }
         while (e->pend_head) {
             ereq *r = e->pend_head, *next = r->qnext;
             if (!req_admit(e, r)) break;  // (r may be freed now: an admission error ends it)
@@ -651,28 +1286,20 @@ static void *engine_thread(void *arg) {
             pthread_mutex_unlock(&e->mu);
         }
         bool ran = step(e);
-        if (e->p.debug_checks) {
-            td_err err = {0};
-            if (td_sched_check(e->sched, &err) != TD_OK) {
-                pthread_mutex_lock(&e->mu);
-                if (e->dbg.n_check_failures++ == 0) snprintf(e->dbg.check_msg, sizeof e->dbg.check_msg, "%.150s", err.msg);
-                pthread_mutex_unlock(&e->mu);
-            }
-        }
+        debug_check(e);
         snapshot(e);
-        if (!ran) {  // live sequences but nothing runnable (should not happen): do not spin
+        if (!ran) {  // live sequences but nothing runnable (waiting for blocks an import holds): do not spin
             pthread_mutex_lock(&e->mu);
-            if (!e->inbox_head && e->n_cancel_req == seen_cancels && !e->quit &&
-                (e->n_free_slots < e->n_req_slots || e->pend_head)) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 2000000;
-                if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-                pthread_cond_timedwait(&e->cv, &e->mu, &ts);
-            }
+            if (!e->inbox_head && e->n_cancel_req == seen_cancels && !e->quit && !e->cmd_head &&
+                (e->n_free_slots < e->n_req_slots || e->pend_head))
+                cond_wait_until(&e->cv, &e->mu, now_ns() + 2000000);
             pthread_mutex_unlock(&e->mu);
         }
     }
+    // Shutting down: nothing is live any more; what is left of the command machinery ends here.
+    cmds_run(e, true);
+    drains_complete(e, TD_ERR_LIMIT, "engine: shutting down");
+    imports_drop_all(e, "dropped at shutdown");
     return NULL;
 }
 
@@ -816,7 +1443,13 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
     td_eng *e = calloc(1, sizeof *e);
     if (!e) return td_err_set(err, TD_ERR_NOMEM, "engine: out of memory");
     pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);  // every timed wait here is on CLOCK_MONOTONIC
+    pthread_cond_init(&e->cv, &ca);
+    pthread_cond_init(&e->cmd_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    e->weights_ok = true;
     e->m = m;
     e->tok = tok;
     e->vocab = c->vocab_size;
@@ -912,6 +1545,7 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
     fp.max_ctx = max_ctx;
     fp.n_threads = p.n_threads;
     fp.external_kv = true;
+    fp.own_weights = p.updatable_weights;  // SET_WEIGHTS replaces the forward's own copy
     fp.backend = e->be;
     if ((st = td_forward_create(m, &fp, &e->fwd, err))) goto fail;
 
@@ -999,7 +1633,9 @@ void td_eng_free(td_eng *e) {
     free(e->b_tok), free(e->b_pos), free(e->b_seq), free(e->b_want), free(e->tables), free(e->kvl);
     free(e->meta), free(e->logits), free(e->scratch), free(e->text), free(e->tail), free(e->top_ids);
     free(e->top_lps), free(e->slots), free(e->free_slots), free(e->model_name);
+    while (e->tickets) ticket_free_locked(e, e->tickets);  // completed, never released
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    pthread_cond_destroy(&e->cmd_cv);
     free(e);
 }
