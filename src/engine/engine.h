@@ -187,8 +187,8 @@ typedef struct td_eng_cmd {
 // still queued is cancelled and never runs; one already being applied completes on the engine
 // thread and its result is discarded (its effect stands: e.g. a DRAIN keeps admission closed).
 // Nothing of the caller's *cmd is touched after return. A SET_WEIGHTS source timed out while
-// running is still in use until the command completes; since commands complete in FIFO order,
-// any later command's completion (e.g. a REPORT_STATE) proves it has.
+// running is still in use until the command completes; since commands are applied one at a time
+// in FIFO order, any later command's completion (e.g. a REPORT_STATE) proves it has.
 td_status td_eng_command(td_eng *e, td_eng_cmd *cmd, int timeout_ms, td_err *err);
 
 // The same in two halves. A ticket is engine-owned; the caller releases it exactly once.
