@@ -259,7 +259,7 @@ static td_status test_get(void *ctx, const char *name, float *dst, int64_t n, td
     return td_export_model_get((void *)s->m, name, dst, n, err);
 }
 
-static bool g_have_set_weights = true;  // false while td_forward_set_weights is not implemented
+static bool g_have_set_weights = true;  // false after the first update failed (the others are skipped)
 
 static bool wait_flag(bool *f) {
     const int64_t end = now_ms() + WAIT_MS;
@@ -311,17 +311,9 @@ static void test_set_weights(void) {
 
     uint64_t ver = 99;
     td_status st = set_weights(eA, td_export_model_get, g_B, &ver, &err);
-    if (st == TD_ERR_UNSUPPORTED && strstr(err.msg, "not implemented")) {
-        printf("SKIP SET_WEIGHTS tests: %s\n", err.msg);
+    if (st != TD_OK) {  // the rest of the update tests would only cascade
+        CHECK(0, "SET_WEIGHTS on an updatable engine: %s", err.msg);
         g_have_set_weights = false;
-        CHECK(ver == 0, "a refused update leaves version 0");
-        res *a3 = run1(eA, P1, 40, 16);
-        CHECK(same_res(a3, a1) && a3->usage.cached_tokens == 32, "after a refused update the engine serves as before");
-        td_eng_cmd td = {.type = TD_ENG_CMD_TRANSFER_DONE};
-        td.transfer_done.import_id = ib.import.import_id;
-        td.transfer_done.status = TD_ERR_IO;
-        CHECK(td_eng_command(eA, &td, WAIT_MS, &err) == TD_OK, "drop the import: %s", err.msg);
-        free(a3);
     } else {
         CHECK(st == TD_OK && ver == 1, "SET_WEIGHTS: %s (version %llu)", err.msg, (unsigned long long)ver);
         td_eng_state s = report(eA);
