@@ -799,7 +799,7 @@ td_status td_eng_cmd_wait(td_eng *e, td_eng_ticket *t, td_eng_cmd *cmd, int time
         const char *what = t->state == CMD_QUEUED ? "queued" : "being applied";
         td_eng_cmd_type ty = t->c.type;
         pthread_mutex_unlock(&e->mu);
-        return td_err_set(err, TD_ERR_LIMIT, "engine: %s not completed within %d ms (still %s)", cmd_name(ty),
+        return td_err_set(err, TD_ERR_TIMEOUT, "engine: %s not completed within %d ms (still %s)", cmd_name(ty),
                           timeout_ms, what);
     }
     if (cmd) cmd_copy_out(e, t, cmd);
@@ -862,7 +862,7 @@ td_status td_eng_command(td_eng *e, td_eng_cmd *cmd, int timeout_ms, td_err *err
     }
     pthread_mutex_unlock(&e->mu);
     cmd_state was = ticket_release(e, t);
-    return td_err_set(err, TD_ERR_LIMIT, "engine: %s timed out after %d ms: %s", cmd_name(cmd->type), timeout_ms,
+    return td_err_set(err, TD_ERR_TIMEOUT, "engine: %s timed out after %d ms: %s", cmd_name(cmd->type), timeout_ms,
                       was == CMD_QUEUED ? "cancelled before it ran (nothing changed)"
                                         : "it is being applied; its result will be discarded");
 }
@@ -903,7 +903,7 @@ static void state_fill(td_eng *e, td_eng_state *o) {
 // Ends an import: its references are dropped last to first (as a sequence releases its blocks),
 // so blocks it cached become evictable and the others free; remembered for later messages.
 static void import_end(td_eng *e, eimport *im, const char *why) {
-    for (int i = im->n_blocks - 1; i >= 0; i--) td_kv_pool_decref(e->pool, im->blocks[i]);
+    td_sched_unhold_blocks(e->sched, im->blocks, im->n_blocks);
     int k = e->n_ended++ % N_ENDED;
     e->ended[k].id = im->id;
     e->ended[k].why = why;
@@ -1025,9 +1025,10 @@ static td_status cmd_import_begin(td_eng *e, td_eng_ticket *t, td_err *err) {
     im->blocks = (int32_t *)(im + 1);
     im->tokens = im->blocks + nb;
     memcpy(im->tokens, t->tokens, (size_t)nb * (size_t)bs * sizeof(int32_t));
-    for (int i = 0; i < nb; i++) {
-        td_status st = td_kv_pool_alloc(e->pool, &im->blocks[i]);
-        TD_ASSERT(st == TD_OK);  // counted above; nothing else allocates meanwhile
+    td_status hst = td_sched_hold_blocks(e->sched, nb, im->blocks, err);  // counted above: cannot fail
+    if (hst) {
+        free(im);
+        return hst;
     }
     im->n_blocks = nb;
     im->id = ++e->next_import;
@@ -1089,11 +1090,15 @@ static td_status cmd_transfer_done(td_eng *e, td_eng_cmd *c, td_err *err) {
     return TD_OK;
 }
 
-// Engine-side invariant check: td_sched_check, which counts only sequences' references, or, while
-// imports hold blocks, the pool's own check plus every block's refcount against the references of
-// the live sequences (through td_sched_get) and of the imports.
+// Engine-side invariant check: td_sched_check (it counts the imports' held blocks too), and the
+// imports' blocks against what the scheduler holds.
 static td_status check_all(td_eng *e, td_err *err) {
-    if (!e->imports) return td_sched_check(e->sched, err);
+    td_status st0 = td_sched_check(e->sched, err);
+    if (st0) return st0;
+    if (td_sched_n_held(e->sched) != e->n_import_blocks)
+        return td_err_set(err, TD_ERR_INVALID, "engine check: %d blocks held by the scheduler, %d by imports",
+                          td_sched_n_held(e->sched), e->n_import_blocks);
+    if (!e->imports) return TD_OK;
     td_status st = td_kv_pool_check(e->pool, err);
     if (st) return st;
     const int nb = td_kv_pool_n_blocks(e->pool);

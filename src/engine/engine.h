@@ -179,11 +179,11 @@ typedef struct td_eng_cmd {
 // status (err says why it failed) and fills its out fields. Callable from any thread except the
 // engine's own (sink callbacks: use td_eng_cmd_submit there), not after td_eng_free has begun.
 // Statuses: TD_ERR_INVALID (bad command: checked before anything is queued), TD_ERR_LIMIT (engine
-// shutting down; IMPORT_BEGIN: no room; the deadline passed, see below), TD_ERR_UNSUPPORTED
+// shutting down; IMPORT_BEGIN: no room), TD_ERR_TIMEOUT (the deadline passed, see below), TD_ERR_UNSUPPORTED
 // (SET_WEIGHTS without updatable_weights; IMPORT_BEGIN with the prefix cache off), TD_ERR_NOT_FOUND
 // (TRANSFER_DONE for an unknown, finished, expired or dropped import: the message names the id and
 // why), or a SET_WEIGHTS source's own status and message.
-// Deadline (status.h has no timeout code; TD_ERR_LIMIT, message "... timed out ..."): a command
+// Deadline (TD_ERR_TIMEOUT, message "... timed out ..."): a command
 // still queued is cancelled and never runs; one already being applied completes on the engine
 // thread and its result is discarded (its effect stands: e.g. a DRAIN keeps admission closed).
 // Nothing of the caller's *cmd is touched after return. A SET_WEIGHTS source timed out while
@@ -198,7 +198,7 @@ typedef struct td_eng_ticket td_eng_ticket;
 td_status td_eng_cmd_submit(td_eng *e, const td_eng_cmd *cmd, td_eng_ticket **t, td_err *err);
 // Waits up to timeout_ms (0: poll; the engine thread may only poll) for the command. Completed:
 // *done = true, the out fields are copied into *cmd (may be NULL; for IMPORT_BEGIN into the
-// arrays *cmd names) and the command's status is returned. Not yet: *done = false, TD_ERR_LIMIT.
+// arrays *cmd names) and the command's status is returned. Not yet: *done = false, TD_ERR_TIMEOUT.
 td_status td_eng_cmd_wait(td_eng *e, td_eng_ticket *t, td_eng_cmd *cmd, int timeout_ms, bool *done,
                           td_err *err);
 // Frees the ticket: a command still queued is cancelled (never runs), one being applied completes

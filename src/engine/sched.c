@@ -36,6 +36,8 @@ struct td_sched {
     int n_pend_copies;
     td_kv_copy *copies;       // [n_slots] the step's copies (out->copies)
     int n_copies;
+    int32_t *held;            // [n_blocks] references held outside sequences (KV imports)
+    int n_held;               // their sum
 
     uint64_t next_order;
     uint64_t n_steps;
@@ -132,6 +134,7 @@ td_status td_sched_create(const td_sched_params *p, td_kv_pool *pool, td_sched *
     sz += SZ((size_t)map_cap * sizeof(uint64_t)) + SZ((size_t)map_cap * sizeof(int32_t));
     sz += SZ((size_t)p->max_seqs * sizeof(td_sched_entry));
     sz += 2 * SZ((size_t)n_slots * sizeof(td_kv_copy)) + SZ((size_t)n_slots * sizeof(uint64_t));
+    sz += SZ((size_t)td_kv_pool_n_blocks(pool) * sizeof(int32_t));
 #undef SZ
     td_sched *s = calloc(1, sizeof *s);
     uint8_t *m = calloc(1, sz);
@@ -159,6 +162,7 @@ td_status td_sched_create(const td_sched_params *p, td_kv_pool *pool, td_sched *
     CARVE(s->pend_copies, n_slots);
     CARVE(s->pend_seq, n_slots);
     CARVE(s->copies, n_slots);
+    CARVE(s->held, td_kv_pool_n_blocks(pool));
 #undef CARVE
     s->mem = m;
     s->p = *p;
@@ -183,6 +187,8 @@ static void seq_release_blocks(td_sched *s, td_seq *q) {
 
 void td_sched_free(td_sched *s) {
     if (!s) return;
+    for (int32_t b = 0; s->n_held > 0 && b < td_kv_pool_n_blocks(s->pool); b++)
+        for (; s->held[b] > 0; s->held[b]--, s->n_held--) td_kv_pool_decref(s->pool, b);
     for (int i = 0; i < s->n_slots; i++) {
         td_seq *q = &s->slots[i];
         if (q->state == TD_SEQ_FREE) continue;
@@ -613,6 +619,32 @@ td_status td_sched_fork(td_sched *s, uint64_t parent_id, uint64_t child_id, td_e
     return TD_OK;
 }
 
+td_status td_sched_hold_blocks(td_sched *s, int n, int32_t *blocks, td_err *err) {
+    if (n < 0) return td_err_set(err, TD_ERR_INVALID, "hold: %d blocks", n);
+    const int avail = td_kv_pool_n_available(s->pool);
+    if (n > avail)
+        return td_err_set(err, TD_ERR_LIMIT, "no room for %d blocks: %d free or evictable (held blocks never preempt)",
+                          n, avail);
+    for (int i = 0; i < n; i++) {
+        td_status st = td_kv_pool_alloc(s->pool, &blocks[i]);
+        TD_ASSERT(st == TD_OK);  // counted above
+        s->held[blocks[i]]++;
+        s->n_held++;
+    }
+    return TD_OK;
+}
+
+void td_sched_unhold_blocks(td_sched *s, const int32_t *blocks, int n) {
+    for (int i = n - 1; i >= 0; i--) {
+        TD_ASSERT(blocks[i] >= 0 && blocks[i] < td_kv_pool_n_blocks(s->pool) && s->held[blocks[i]] > 0);
+        s->held[blocks[i]]--;
+        s->n_held--;
+        td_kv_pool_decref(s->pool, blocks[i]);
+    }
+}
+
+int td_sched_n_held(const td_sched *s) { return s->n_held; }
+
 const td_seq *td_sched_get(const td_sched *s, uint64_t seq_id) {
     int slot = map_find(s, seq_id);
     return slot < 0 ? NULL : &s->slots[slot];
@@ -726,6 +758,7 @@ td_status td_sched_check(const td_sched *s, td_err *err) {
                 refs[b]++;
         }
     }
+    for (int b = 0; st == TD_OK && b < nb; b++) refs[b] += s->held[b];
     if (st == TD_OK && live != s->n_running + s->n_waiting)
         st = td_err_set(err, TD_ERR_INVALID, "%d live sequences, %d queued", live,
                         s->n_running + s->n_waiting);

@@ -36,8 +36,8 @@ td_sched_params td_sched_default_params(
     void);  // 2048 tokens, 64 seqs, 1024 waiting, ctx 4096, cache on
 
 // Creates a scheduler over `pool` (borrowed: it must outlive the scheduler, and the scheduler
-// must be its only client). Slots for max_seqs + max_waiting sequences and the step output are
-// preallocated here. TD_ERR_INVALID on bad params. On failure *out is NULL.
+// must be its only client: blocks held outside sequences go through td_sched_hold_blocks). Slots
+// for max_seqs + max_waiting sequences and the step output are preallocated here. TD_ERR_INVALID on bad params. On failure *out is NULL.
 td_status td_sched_create(const td_sched_params *p, td_kv_pool *pool, td_sched **out, td_err *err);
 // Releases every sequence's blocks back to the pool (cached ones stay cached) and frees all.
 void td_sched_free(td_sched *s);
@@ -122,6 +122,15 @@ td_status td_sched_fork(td_sched *s, uint64_t parent_id, uint64_t child_id, td_e
 // steps, after the last step's forward.
 void td_sched_set_weights_version(td_sched *s, uint64_t version);
 
+// Blocks held outside any sequence (a KV import being written by a transport): n blocks taken from
+// free or evictable ones, never by preempting (TD_ERR_LIMIT when there is no room), one reference
+// each, counted by td_sched_check. The holder writes them, may enter them into the prefix cache
+// (td_kv_pool_cache_insert), and releases them with td_sched_unhold_blocks (last to first, as a
+// sequence releases its blocks); td_sched_free releases what is still held.
+td_status td_sched_hold_blocks(td_sched *s, int n, int32_t *blocks, td_err *err);
+void td_sched_unhold_blocks(td_sched *s, const int32_t *blocks, int n);
+int td_sched_n_held(const td_sched *s);  // references held
+
 // The live sequence with this id, or NULL. Read-only; valid until it finishes or is cancelled.
 const td_seq *td_sched_get(const td_sched *s, uint64_t seq_id);
 
@@ -142,7 +151,7 @@ typedef struct td_sched_stats {
 void td_sched_stats_get(const td_sched *s, td_sched_stats *out);
 
 // Checks every invariant (pool bookkeeping; each block's refcount equals the references from
-// sequence tables; table sizes; queue order; id map) in O(n_blocks + live tokens). For tests and
+// sequence tables plus held blocks; table sizes; queue order; id map) in O(n_blocks + live tokens). For tests and
 // debug builds; allocates scratch. TD_ERR_INVALID naming the first violation.
 td_status td_sched_check(const td_sched *s, td_err *err);
 

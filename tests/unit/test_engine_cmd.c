@@ -513,11 +513,11 @@ static void test_failed_update(void) {
         CHECK(wait_flag(&slow.in_gate), "the source is being read");
         td_eng_cmd c2 = c;
         st = td_eng_command(eA, &c2, 50, &err);  // queued behind the first: cancelled
-        CHECK(st == TD_ERR_LIMIT && strstr(err.msg, "timed out") && strstr(err.msg, "cancelled before it ran"),
+        CHECK(st == TD_ERR_TIMEOUT && strstr(err.msg, "timed out") && strstr(err.msg, "cancelled before it ran"),
               "a queued command times out and is cancelled: %s", err.msg);
         bool done = true;
         st = td_eng_cmd_wait(eA, t, NULL, 30, &done, &err);
-        CHECK(!done && st == TD_ERR_LIMIT && strstr(err.msg, "being applied"), "wait times out: %s", err.msg);
+        CHECK(!done && st == TD_ERR_TIMEOUT && strstr(err.msg, "being applied"), "wait times out: %s", err.msg);
         td_eng_cmd_release(eA, t);  // the result will be discarded
         pthread_mutex_lock(&g_mu);
         slow.gate_open = true;
@@ -808,7 +808,7 @@ static void test_drain(void) {
         int64_t t0 = now_ms();
         st = td_eng_command(e, &c, 50, &err);
         int64_t dt = now_ms() - t0;
-        CHECK(st == TD_ERR_LIMIT && strstr(err.msg, "timed out") && strstr(err.msg, "cancelled before it ran") &&
+        CHECK(st == TD_ERR_TIMEOUT && strstr(err.msg, "timed out") && strstr(err.msg, "cancelled before it ran") &&
                   dt >= 45 && dt < 5000,
               "a command times out (%lld ms): %s", (long long)dt, err.msg);
     }
@@ -817,7 +817,7 @@ static void test_drain(void) {
     CHECK(td_eng_cmd_submit(e, &c3, &tr, &err) == TD_OK, "submit: %s", err.msg);
     done = true;
     st = td_eng_cmd_wait(e, tr, &c3, 0, &done, &err);
-    CHECK(!done && st == TD_ERR_LIMIT && strstr(err.msg, "queued"), "poll: not yet (%s)", err.msg);
+    CHECK(!done && st == TD_ERR_TIMEOUT && strstr(err.msg, "queued"), "poll: not yet (%s)", err.msg);
     pthread_mutex_lock(&g_mu);
     gt.open = true;
     pthread_mutex_unlock(&g_mu);
