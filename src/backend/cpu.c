@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/dnnl_bf16.h"
 #include "base/log.h"
@@ -115,6 +116,10 @@ static const td_buffer_iface host_buffer_iface = {
     .free = host_free, .set = host_set, .get = host_get, .clear = host_clear, .copy = host_copy};
 
 static td_buffer *host_alloc(td_buft *bt, size_t size) {
+    // More than the machine's memory can never be had: refuse it here rather than ask the
+    // allocator (sanitizers abort on absurd sizes instead of returning NULL).
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && size / (size_t)page >= (size_t)pages) return NULL;
     td_buffer *b = calloc(1, sizeof *b);
     void *p = aligned_alloc(64, td_align_up(size, 64));
     if (!b || !p) {
