@@ -49,6 +49,9 @@ struct td_tmodel {
     int n_tensors;
     size_t n_params;
     float *params, *grads;  // [n_params] each
+    // The backend buffers behind params, grads, wbf, acts and the int32 arrays (tokens .. blk_ids):
+    // everything the slots read or write lives in the backend's memory (a host backend's).
+    td_buffer *b_params, *b_grads, *b_wbf, *b_acts, *b_ints;
     model_views pw, gw;     // parameter and gradient views
 
     float *acts;         // the one activation allocation
@@ -387,7 +390,9 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
         }
         tm->be = tm->own_be;
     }
-    if (!td_backend_is_host(tm->be)) {  // params, grads and activations are malloc memory
+    // Params, grads and activations live in the backend's buffers, but the loader, the
+    // checkpoints, export and AdamW's moments still read and write them as host arrays.
+    if (!td_backend_is_host(tm->be)) {
         st = td_err_set(err, TD_ERR_UNSUPPORTED,
                         "train: the %s backend's memory is not host memory", td_backend_name(tm->be));
         td_tmodel_free(tm);
@@ -404,14 +409,25 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     tm->gw.l = calloc((size_t)tm->L, sizeof *tm->gw.l);
     tm->res = calloc((size_t)tm->L + 1, sizeof *tm->res);
     tm->la = calloc((size_t)n_blocks, sizeof *tm->la);
-    tm->params = calloc(tm->n_params, sizeof(float));
-    tm->grads = calloc(tm->n_params, sizeof(float));
-    if (p.precision == TD_TRAIN_BF16) tm->wbf = malloc(tm->n_params * sizeof(float));
     const size_t n_acts = carve_acts(tm, NULL);
-    tm->acts = malloc(n_acts * sizeof(float));
     const size_t N = (size_t)tm->N;
-    tm->tokens = malloc(5 * N * sizeof(int32_t));
-    tm->blk_ids = malloc((size_t)p.batch * sizeof *tm->blk_ids);
+    td_err e2 = {0};
+    if (td_backend_alloc(tm->be, tm->n_params * sizeof(float), "train parameters", &tm->b_params, &e2) == TD_OK &&
+        td_backend_alloc(tm->be, tm->n_params * sizeof(float), "train gradients", &tm->b_grads, &e2) == TD_OK &&
+        (p.precision != TD_TRAIN_BF16 ||
+         td_backend_alloc(tm->be, tm->n_params * sizeof(float), "train bf16 weights", &tm->b_wbf, &e2) == TD_OK) &&
+        td_backend_alloc(tm->be, n_acts * sizeof(float), "train activations", &tm->b_acts, &e2) == TD_OK &&
+        td_backend_alloc(tm->be, (5 * N + (size_t)p.batch) * sizeof(int32_t), "train inputs", &tm->b_ints, &e2) ==
+            TD_OK) {
+        td_buffer_clear(tm->b_params, 0);  // parameters start at zero (model_train.h)
+        td_buffer_clear(tm->b_grads, 0);
+        tm->params = tm->b_params->base;
+        tm->grads = tm->b_grads->base;
+        tm->wbf = tm->b_wbf ? tm->b_wbf->base : NULL;
+        tm->acts = tm->b_acts->base;
+        tm->tokens = tm->b_ints->base;
+        tm->blk_ids = tm->tokens + 5 * N;
+    }
     if (!tm->tensors || !tm->pw.l || !tm->gw.l || !tm->res || !tm->la || !tm->params ||
         !tm->grads || (p.precision == TD_TRAIN_BF16 && !tm->wbf) || !tm->acts || !tm->tokens ||
         !tm->blk_ids) {
@@ -443,18 +459,17 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
 
 void td_tmodel_free(td_tmodel *tm) {
     if (!tm) return;
-    td_backend_free(tm->own_be);
     free(tm->tensors);
     free(tm->pw.l);
     free(tm->gw.l);
     free(tm->res);
     free(tm->la);
-    free(tm->params);
-    free(tm->grads);
-    free(tm->wbf);
-    free(tm->acts);
-    free(tm->tokens);
-    free(tm->blk_ids);
+    td_buffer_free(tm->b_params);
+    td_buffer_free(tm->b_grads);
+    td_buffer_free(tm->b_wbf);
+    td_buffer_free(tm->b_acts);
+    td_buffer_free(tm->b_ints);
+    td_backend_free(tm->own_be);  // after the buffers it allocated
     free(tm);
 }
 
