@@ -278,13 +278,16 @@ td_tensor td_backend_tensor_place(td_backend *be, const td_tensor *src, td_place
     } else if (how == TD_PLACE_AS_IS) {
         td_backend_set_async(be, b, off, src->data, used);
         td_backend_synchronize(be);  // src may go away after the call
-    } else {  // converted on the host first (start-up only: a temporary copy)
-        void *tmp = malloc(used);
-        TD_ASSERT(tmp != NULL);  // a few KiB of norms; the device buffer itself was had
-        place_host(src, how, tmp, used);
-        td_backend_set_async(be, b, off, tmp, used);
-        td_backend_synchronize(be);
-        free(tmp);
+    } else {  // f32 into device memory: converted on the host in chunks of whole blocks
+        enum { CHUNK = 1024 };  // elements: a multiple of every dtype's block (32, 256)
+        float tmp[CHUNK];
+        const int64_t n = place_elems(src);
+        for (int64_t i = 0; i < n; i += CHUNK) {
+            const int64_t k = n - i < CHUNK ? n - i : CHUNK;
+            td_to_f32(src->type, (const char *)src->data + td_row_bytes(src->type, i), tmp, k);
+            td_backend_set_async(be, b, off + (size_t)i * sizeof(float), tmp, (size_t)k * sizeof(float));
+            td_backend_synchronize(be);  // tmp is reused
+        }
     }
     td_tensor v = *src;
     v.type = how == TD_PLACE_F32 ? TD_F32 : src->type;

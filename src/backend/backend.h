@@ -208,7 +208,7 @@ void td_backend_tensor_get_async(td_backend *be, const td_tensor *t, void *dst, 
 // buffers (a multiple of the buffer alignment). td_backend_tensor_place writes src's values (src
 // in host memory: a mapped file, an array) into b at off, converted as `how` says, and returns the
 // view of the placed tensor (buf b, data the backend address); into a device buffer an f32
-// conversion goes through a temporary host copy (start-up only). td_backend_tensor_update_f32
+// conversion goes through a small host staging array, chunk by chunk. td_backend_tensor_update_f32
 // writes new values into an already placed view t from n f32 host values in t's layout (converted
 // to t's dtype; a packed copy is redone); for a device buffer `scratch` is host memory of at least
 // t->nbytes where the encoding is made before the upload (NULL on a host buffer), so it allocates

@@ -31,6 +31,7 @@ typedef struct wslot {
     const td_tensor *src; // the model's tensor
     td_tensor *view;      // the placed view the slots read (mw[i], &f->embd, or &f->vec_views[i])
     int perm_heads;       // GGUF llama: rows stored permuted for this many heads (Q/K), else 0
+    int64_t n;            // W_VEC: the element count the config implies (checked against src)
 } wslot;
 
 struct td_forward {
@@ -241,29 +242,32 @@ static td_status build_slots(td_forward *f, td_err *err) {
         snprintf(w_->name, sizeof w_->name, __VA_ARGS__);                     \
         w_->kind = kind_, w_->src = src_, w_->view = view_, w_->perm_heads = perm_; \
     } while (0)
-#define VEC(src_, ...) SLOT(W_VEC, src_, &f->vec_views[f->n_vecs++], 0, __VA_ARGS__)
+#define VEC(src_, n_, perm_, ...)                                             \
+    do {                                                                      \
+        SLOT(W_VEC, src_, &f->vec_views[f->n_vecs++], perm_, __VA_ARGS__);    \
+        f->ws[f->n_ws - 1].n = n_;                                            \
+    } while (0)
+    const int64_t D = c->dim, H = c->head_dim;
     SLOT(W_EMBED, &f->m->tok_embd, &f->embd, 0, "model.embed_tokens.weight");
-    VEC(&f->m->out_norm, "model.norm.weight");
+    VEC(&f->m->out_norm, D, 0, "model.norm.weight");
     for (int l = 0; l < nl; l++) {
         const td_layer_weights *w = &f->m->layers[l];
         td_tensor *mw = &f->mw[l * MW_N];
-        VEC(&w->attn_norm, "model.layers.%d.input_layernorm.weight", l);
+        VEC(&w->attn_norm, D, 0, "model.layers.%d.input_layernorm.weight", l);
         SLOT(W_MAT, &w->wq, &mw[MW_Q], norm ? c->n_heads : 0, "model.layers.%d.self_attn.q_proj.weight", l);
         SLOT(W_MAT, &w->wk, &mw[MW_K], norm ? c->n_kv_heads : 0, "model.layers.%d.self_attn.k_proj.weight", l);
         SLOT(W_MAT, &w->wv, &mw[MW_V], 0, "model.layers.%d.self_attn.v_proj.weight", l);
         SLOT(W_MAT, &w->wo, &mw[MW_O], 0, "model.layers.%d.self_attn.o_proj.weight", l);
         if (c->qkv_bias) {
-            VEC(&w->bq, "model.layers.%d.self_attn.q_proj.bias", l);
-            f->ws[f->n_ws - 1].perm_heads = norm ? c->n_heads : 0;
-            VEC(&w->bk, "model.layers.%d.self_attn.k_proj.bias", l);
-            f->ws[f->n_ws - 1].perm_heads = norm ? c->n_kv_heads : 0;
-            VEC(&w->bv, "model.layers.%d.self_attn.v_proj.bias", l);
+            VEC(&w->bq, f->q_dim, norm ? c->n_heads : 0, "model.layers.%d.self_attn.q_proj.bias", l);
+            VEC(&w->bk, f->kv_dim, norm ? c->n_kv_heads : 0, "model.layers.%d.self_attn.k_proj.bias", l);
+            VEC(&w->bv, f->kv_dim, 0, "model.layers.%d.self_attn.v_proj.bias", l);
         }
         if (c->qk_norm) {
-            VEC(&w->q_norm, "model.layers.%d.self_attn.q_norm.weight", l);
-            VEC(&w->k_norm, "model.layers.%d.self_attn.k_norm.weight", l);
+            VEC(&w->q_norm, H, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+            VEC(&w->k_norm, H, 0, "model.layers.%d.self_attn.k_norm.weight", l);
         }
-        VEC(&w->ffn_norm, "model.layers.%d.post_attention_layernorm.weight", l);
+        VEC(&w->ffn_norm, D, 0, "model.layers.%d.post_attention_layernorm.weight", l);
         SLOT(W_MAT, &w->w_gate, &mw[MW_GATE], 0, "model.layers.%d.mlp.gate_proj.weight", l);
         SLOT(W_MAT, &w->w_up, &mw[MW_UP], 0, "model.layers.%d.mlp.up_proj.weight", l);
         SLOT(W_MAT, &w->w_down, &mw[MW_DOWN], 0, "model.layers.%d.mlp.down_proj.weight", l);
@@ -276,21 +280,13 @@ static td_status build_slots(td_forward *f, td_err *err) {
     return TD_OK;
 }
 
-// Expected element count of a 1-D slot (norms: dim or head_dim; biases: their projection's rows).
-static int64_t vec_len(const td_forward *f, const wslot *w) {
-    if (strstr(w->name, "q_norm") || strstr(w->name, "k_norm")) return f->c.head_dim;
-    if (strstr(w->name, "q_proj.bias")) return f->q_dim;
-    if (strstr(w->name, "k_proj.bias") || strstr(w->name, "v_proj.bias")) return f->kv_dim;
-    return f->c.dim;
-}
-
 // Checks every 1-D slot's source (present, supported dtype, size), as the f32 conversion needs.
 static td_status check_vecs(td_forward *f, td_err *err) {
     for (int i = 0; i < f->n_ws; i++) {
         const wslot *w = &f->ws[i];
         if (w->kind != W_VEC) continue;
         const td_tensor *t = w->src;
-        const int64_t n = vec_len(f, w);
+        const int64_t n = w->n;
         if (!td_tensor_present(t)) return td_err_set(err, TD_ERR_INVALID, "forward: %s is missing", w->name);
         if ((unsigned)t->type >= TD_DTYPE_COUNT || td_row_bytes(t->type, n) == 0)
             return td_err_set(err, TD_ERR_UNSUPPORTED, "forward: %s: unsupported dtype", w->name);
@@ -330,13 +326,11 @@ static td_status place_weights(td_forward *f, td_err *err) {
     td_status st = td_backend_alloc(be, wbytes, "forward weights", &f->wbuf, err);
     if (st) return st;
     size_t off = 0;
-    int v = 0;
     for (int i = 0; i < f->n_ws; i++) {
         wslot *w = &f->ws[i];
         if (w->kind == W_VEC) {
             *w->view = td_backend_tensor_place(be, w->src, TD_PLACE_F32, f->wbuf, off);
             off += td_backend_tensor_bytes(be, w->src, TD_PLACE_F32);
-            v++;
         } else if (f->owned) {
             *w->view = td_backend_tensor_place(be, w->src, TD_PLACE_AS_IS, f->wbuf, off);
             off += td_backend_tensor_bytes(be, w->src, TD_PLACE_AS_IS);
@@ -350,7 +344,7 @@ static td_status place_weights(td_forward *f, td_err *err) {
     off += td_align_up(sizeof f->inv_freq_host, align);
     TD_ASSERT(off == wbytes);
     // The f32 vectors, by the layer they belong to (slot order: out_norm, then per layer).
-    v = 0;
+    int v = 0;
     f->out_norm = f->vec_views[v++].data;
     for (int l = 0; l < nl; l++) {
         layer_vecs *lv = &f->lv[l];
@@ -457,11 +451,12 @@ static td_status alloc_scratch(td_forward *f, td_err *err) {
         return td_err_set(err, TD_ERR_NOMEM, "forward: out of memory (KV cache %zu MiB, scratch %zu MiB)",
                           kv_bytes >> 20, off >> 20);
     td_buffer_clear(f->kvbuf, 0);
-    for (int s = 0; s < p->max_seqs; s++) {
-        const int32_t id = s;
-        td_backend_set_async(be, f->sbuf, f->off_table + (size_t)s * sizeof(int32_t), &id, sizeof id);
-        td_backend_synchronize(be);  // id is a stack value
-    }
+    int32_t *ident = malloc((size_t)p->max_seqs * sizeof *ident);  // start-up only
+    if (!ident) return td_err_set(err, TD_ERR_NOMEM, "forward: out of memory");
+    for (int s = 0; s < p->max_seqs; s++) ident[s] = s;
+    td_backend_set_async(be, f->sbuf, f->off_table, ident, (size_t)p->max_seqs * sizeof *ident);
+    td_backend_synchronize(be);
+    free(ident);
     for (int l = 0; l < c->n_layers; l++)
         f->kvl[l] = (td_kv_layer){.k = td_buffer_at(f->kvbuf, (size_t)l * 2 * layer_half),
                                   .v = td_buffer_at(f->kvbuf, ((size_t)l * 2 + 1) * layer_half),
@@ -642,7 +637,7 @@ td_status td_forward_run_kv(td_forward *f, const td_batch *b, const td_kv_layer 
 }
 
 // Uploads the batch (token ids, positions, sequence ids; an external cache's block table rows for
-// the batch's sequences) into the scratch buffer; returns the number of table rows used.
+// the batch's sequences) into the scratch buffer.
 static void upload_batch(td_forward *f, const td_batch *b, const td_kv_layer *kvl, bool own) {
     td_backend *be = f->be;
     const size_t T = (size_t)b->n_tokens;
@@ -745,7 +740,7 @@ static const float *fetch_slot(td_forward *f, const wslot *w, int64_t n, td_expo
     if (*st) return NULL;
     if (!w->perm_heads) return f->staging;
     // llama.cpp's permute: stored row h*hd + 2i + j holds HF row h*hd + j*hd/2 + i.
-    const int64_t rows = w->src->ndim == 2 ? w->src->ne[0] : w->src->ne[0];
+    const int64_t rows = w->src->ne[0];  // a 1-D bias: one value per row
     const int64_t cols = w->src->ndim == 2 ? w->src->ne[1] : 1;
     const int64_t hdim = rows / w->perm_heads, half = hdim / 2;
     for (int64_t r = 0; r < rows; r++) {
