@@ -251,11 +251,15 @@ void td_backend_tensor_get_async(td_backend *be, const td_tensor *t, void *dst, 
 
 static int64_t place_elems(const td_tensor *t) { return td_tensor_nelem(t); }
 
-size_t td_backend_tensor_bytes(td_backend *be, const td_tensor *src, td_place how) {
-    const size_t align = td_backend_buft(be)->iface->alignment;
-    if (how == TD_PLACE_F32) return td_align_up((size_t)place_elems(src) * sizeof(float), align);
+// Bytes src's values take placed `how` (before alignment).
+static size_t place_used(const td_tensor *src, td_place how) {
+    if (how == TD_PLACE_F32) return (size_t)place_elems(src) * sizeof(float);
     const int64_t rows = src->ndim == 2 ? src->ne[0] : 1, cols = src->ne[src->ndim - 1];
-    return td_align_up(td_row_bytes(src->type, cols) * (size_t)rows, align);
+    return td_row_bytes(src->type, cols) * (size_t)rows;
+}
+
+size_t td_backend_tensor_bytes(td_backend *be, const td_tensor *src, td_place how) {
+    return td_align_up(place_used(src, how), td_backend_buft(be)->iface->alignment);
 }
 
 // Values of src converted into dst (host memory) as `how` says.
@@ -269,9 +273,7 @@ static void place_host(const td_tensor *src, td_place how, void *dst, size_t byt
 td_tensor td_backend_tensor_place(td_backend *be, const td_tensor *src, td_place how, td_buffer *b, size_t off) {
     TD_ASSERT(td_tensor_present(src) && (src->buf == NULL || td_buffer_is_host(src->buf)));
     const size_t bytes = td_backend_tensor_bytes(be, src, how);
-    const size_t used = how == TD_PLACE_F32 ? (size_t)place_elems(src) * sizeof(float)
-                                            : td_row_bytes(src->type, src->ne[src->ndim - 1]) *
-                                                  (size_t)(src->ndim == 2 ? src->ne[0] : 1);
+    const size_t used = place_used(src, how);
     TD_ASSERT(off % b->buft->iface->alignment == 0 && off <= b->size && bytes <= b->size - off);
     if (td_buffer_is_host(b)) {
         place_host(src, how, td_buffer_at(b, off), used);
