@@ -1,6 +1,7 @@
 // The Llama-family forward pass (Llama, Mistral, Qwen2, Qwen3) over one flat batch of tokens from
 // several sequences, continuing each sequence from its KV cache. Inference only: no saved
-// activations, no gradients. Weights are read in their stored dtype through the backend.
+// activations, no gradients. Weights are read in their stored dtype through the backend, which
+// also holds every buffer the forward owns (placed weights, scratch, its own KV cache).
 // The KV cache here is contiguous per sequence (max_ctx rows per sequence, f32 or, by kv_dtype,
 // f16/bf16); attention reads it
 // through a block table, so a paged pool can replace it without touching the kernels: a forward
@@ -71,9 +72,11 @@ void td_forward_free(td_forward *f);  // NULL is fine
 td_status td_forward_run(td_forward *f, const td_batch *b, float *logits, td_err *err);
 
 // The same over a caller-owned KV cache: kv[n_layers] gives each layer's K/V arrays (kv[l].dtype
-// f32, f16 or bf16, [n_blocks, block_size, kv_dim] with kv_dim = n_kv_heads * head_dim) and a block table per batch
-// sequence id (kv[l].block_table[seq_id] -> block ids; all layers normally share one table array).
-// Batch sequence ids are only indices into those tables here, valid for this call. The caller
+// f32, f16 or bf16, [n_blocks, block_size, kv_dim] with kv_dim = n_kv_heads * head_dim, in the
+// forward's backend's memory) and one flat host block table shared by every layer: row seq_id of
+// table_stride ids (<= max_ctx) holds that batch sequence's blocks (TD_ERR_INVALID when layers name
+// different tables or strides). The rows the batch uses are uploaded into the forward's scratch.
+// Batch sequence ids are only indices into that table here, valid for this call. The caller
 // guarantees that every table covers positions [0, last position of that sequence in the batch]
 // and that earlier positions hold that sequence's K/V (the forward cannot check what it does not
 // own); the batch is checked as td_forward_run checks it, except against cached lengths. K/V rows
