@@ -2,6 +2,7 @@
 // through (with TANDEM_PROFILE timing), buffers, and weight placement. Nothing here knows a
 // particular backend; cpu.c is one table behind these wrappers.
 #include "backend/backend.h"
+#include "backend/impl.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -43,6 +44,83 @@ void td_backend_free(td_backend *be) {
 }
 
 const char *td_backend_name(const td_backend *be) { return be->iface->name; }
+
+// ---- the registry
+
+typedef struct {
+    const char *name;
+    td_status (*create)(const td_backend_params *p, td_backend **out, td_err *err);
+} backend_entry;
+
+static td_status cpu_create(const td_backend_params *p, td_backend **out, td_err *err) {
+    td_backend_cpu_params cp = {.n_threads = p->n_threads, .kernels = p->kernels};
+    return td_backend_cpu_create(&cp, out, err);
+}
+
+static const backend_entry BACKENDS[] = {
+    {"cpu", cpu_create},
+#ifdef TANDEM_HAVE_OPENCL
+    {"opencl", td_backend_opencl_create},
+#endif
+#ifdef TANDEM_HAVE_CUDA
+    {"cuda", td_backend_cuda_create},
+#endif
+};
+enum { N_BACKENDS = sizeof BACKENDS / sizeof BACKENDS[0] };
+
+td_backend_params td_backend_default_params(void) {
+    return (td_backend_params){.name = NULL, .n_threads = 0, .kernels = NULL, .device = -1};
+}
+
+const char *td_backend_names(void) {
+    static char names[128];
+    if (!names[0]) {
+        size_t off = 0;
+        for (int i = 0; i < N_BACKENDS; i++)
+            off += (size_t)snprintf(names + off, sizeof names - off, "%s%s", i ? " " : "", BACKENDS[i].name);
+    }
+    return names;
+}
+
+const char *td_backend_resolve_name(const char *name) {
+    if (!name || !*name) name = getenv("TANDEM_BACKEND");
+    return name && *name ? name : "cpu";
+}
+
+td_status td_backend_create(const td_backend_params *pp, td_backend **out, td_err *err) {
+    *out = NULL;
+    td_backend_params p = pp ? *pp : td_backend_default_params();
+    p.name = td_backend_resolve_name(p.name);
+    if (p.device < 0) {
+        const char *d = getenv("TANDEM_DEVICE");
+        p.device = d && *d ? atoi(d) : 0;
+        if (p.device < 0) p.device = 0;
+    }
+    for (int i = 0; i < N_BACKENDS; i++)
+        if (!strcmp(BACKENDS[i].name, p.name)) return BACKENDS[i].create(&p, out, err);
+    return td_err_set(err, TD_ERR_UNSUPPORTED, "unknown backend '%s' (this build has: %s)", p.name,
+                      td_backend_names());
+}
+
+td_status td_backend_wrap(const td_backend_iface *iface, void *ctx, int n_slices, td_backend **out, td_err *err) {
+    *out = NULL;
+    td_backend *be = calloc(1, sizeof *be);
+    if (!be) {
+        if (iface->free) iface->free(ctx);
+        return td_err_set(err, TD_ERR_NOMEM, "%s backend: out of memory", iface->name);
+    }
+    be->iface = iface;
+    be->ctx = ctx;
+    be->n_slices = n_slices > 0 ? n_slices : 1;
+    const char *prof = getenv("TANDEM_PROFILE");
+    be->profile = prof && *prof && strcmp(prof, "0");
+    *out = be;
+    return TD_OK;
+}
+
+bool td_backend_supports_weight(td_backend *be, td_dtype t) {
+    return !be->iface->supports_weight || be->iface->supports_weight(be->ctx, t);
+}
 
 void td_backend_matmul(td_backend *be, const td_tensor *w, const float *bias, const float *x,
                        float *y, int n_tok) {

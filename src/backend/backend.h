@@ -118,6 +118,8 @@ typedef struct td_backend_iface {
     // staging (NULL: td_host_buft). Asynchronous host <-> buffer copies in stream order, and the
     // point where every issued slot and copy has completed. Optional: NULL set_async/get_async
     // fall back to the buffer's synchronous set/get; NULL synchronize is a no-op.
+    // Optional: false for weight types matmul/embed cannot read (NULL: every td_dtype).
+    bool (*supports_weight)(void *ctx, td_dtype t);
     td_buft *(*buft)(void *ctx);
     td_buft *(*host_buft)(void *ctx);
     void (*set_async)(void *ctx, td_buffer *b, size_t off, const void *src, size_t n);
@@ -139,6 +141,29 @@ typedef struct td_backend {
     double prof_s[TD_PROF_N];    // seconds per slot (matmul: one token / more)
     long prof_calls[TD_PROF_N];
 } td_backend;
+
+// ---- Choosing a backend by name: the one place that knows which backends exist (the model,
+// engine, server and trainer pass a name through). Names: "cpu" (always), "opencl" (built with
+// OpenCL headers and an ICD loader: TANDEM_HAVE_OPENCL), "cuda" (built with nvcc:
+// TANDEM_HAVE_CUDA).
+typedef struct td_backend_params {
+    const char *name;     // NULL or "": $TANDEM_BACKEND, else "cpu"
+    int n_threads;        // cpu: worker threads (<= 0: all online CPUs)
+    const char *kernels;  // cpu: kernel set name, or NULL for $TANDEM_KERNELS / the best
+    int device;           // opencl / cuda: device index (< 0: $TANDEM_DEVICE, else 0)
+} td_backend_params;
+
+td_backend_params td_backend_default_params(void);  // name NULL, n_threads 0, device -1
+// Creates the named backend. TD_ERR_UNSUPPORTED naming the backends this build has when the name
+// is unknown or not built in; the backend's own error (no device, no driver) otherwise.
+td_status td_backend_create(const td_backend_params *p, td_backend **out, td_err *err);
+// The backend name p (or $TANDEM_BACKEND, or "cpu") resolves to.
+const char *td_backend_resolve_name(const char *name);
+// Space-separated names of the backends compiled into this build ("cpu opencl ...").
+const char *td_backend_names(void);
+// Whether the backend has matmul/embedding kernels for weights of type t (optional slot
+// supports_weight; absent: every type). The forward refuses a model whose weights it cannot run.
+bool td_backend_supports_weight(td_backend *be, td_dtype t);
 
 typedef struct td_backend_cpu_params {
     int n_threads;        // <= 0: all online CPUs

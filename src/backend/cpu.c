@@ -3,6 +3,7 @@
 // malloc memory, the host buffer type); plus the thin argument-checking wrappers of backend.h.
 // Every slot completes before it returns, so synchronize has nothing to wait for.
 #include "backend/backend.h"
+#include "backend/impl.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -211,11 +212,9 @@ td_status td_backend_cpu_create(const td_backend_cpu_params *p, td_backend **out
     if (!k)
         return td_err_set(err, TD_ERR_INVALID, "unknown kernel set '%s' (known: ref)",
                           p->kernels ? p->kernels : "$TANDEM_KERNELS");
-    td_backend *be = calloc(1, sizeof *be);
     cpu_ctx *ctx = calloc(1, sizeof *ctx);
     td_pool *pool = td_pool_create(p->n_threads);
-    if (!be || !ctx || !pool) {
-        free(be);
+    if (!ctx || !pool) {
         free(ctx);
         td_pool_free(pool);
         return td_err_set(err, TD_ERR_NOMEM, "cpu backend: out of memory");
@@ -229,12 +228,6 @@ td_status td_backend_cpu_create(const td_backend_cpu_params *p, td_backend **out
     } else if (gemm && *gemm && strcmp(gemm, "tiles")) {
         TD_LOGW("TANDEM_GEMM=%s ignored (known: tiles, dnnl)", gemm);
     }
-    be->iface = &cpu_iface;
-    be->ctx = ctx;
-    be->n_slices = td_pool_size(pool);
-    const char *prof = getenv("TANDEM_PROFILE");
-    be->profile = prof && *prof && strcmp(prof, "0");
-    *out = be;
-    return TD_OK;
+    return td_backend_wrap(&cpu_iface, ctx, td_pool_size(pool), out, err);
 }
 

@@ -175,7 +175,8 @@ td_eng_params td_eng_default_params(void) {
                            .max_seqs = 32,
                            .max_waiting = 256,
                            .max_queue = 4096,
-                           .enable_prefix_cache = true};
+                           .enable_prefix_cache = true,
+                           .device = -1};
 }
 
 // ---- helpers
@@ -1516,9 +1517,11 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
     }
     kp.dtype = p.kv_cache_dtype;
     kp.alloc_data = true;
-    td_backend_cpu_params bp = td_backend_cpu_default_params();
+    td_backend_params bp = td_backend_default_params();
+    bp.name = p.backend;
+    bp.device = p.device;
     bp.n_threads = p.n_threads;
-    if ((st = td_backend_cpu_create(&bp, &e->be, err))) goto fail;
+    if ((st = td_backend_create(&bp, &e->be, err))) goto fail;
     kp.backend = e->be;
     size_t bpb = td_kv_pool_bytes_per_block(&kp);
     if (!bpb) {

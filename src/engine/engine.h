@@ -44,6 +44,8 @@ typedef struct td_eng_params {
                                 //   to what the pool holds.
     bool enable_prefix_cache;   // default true
     int n_threads;              // forward threads; <= 0: all online CPUs
+    const char *backend;        // td_backend_create's name: NULL = $TANDEM_BACKEND, else cpu
+    int device;                 // the backend's device index (< 0: $TANDEM_DEVICE, else 0)
     const char *chat_template;  // Jinja source overriding the tokenizer's (copied); NULL: tokenizer's
     bool debug_checks;          // run td_sched_check after every step and command (tests); failures
                                 //   are counted

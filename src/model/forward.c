@@ -525,9 +525,10 @@ td_status td_forward_create(const td_model *m, const td_forward_params *pp, td_f
     if (p.backend) {
         f->be = p.backend;
     } else {
-        td_backend_cpu_params bp = td_backend_cpu_default_params();
+        td_backend_params bp = td_backend_default_params();
+        bp.name = p.backend_name;
         bp.n_threads = p.n_threads;
-        if ((st = td_backend_cpu_create(&bp, &f->own_be, err))) goto fail;
+        if ((st = td_backend_create(&bp, &f->own_be, err))) goto fail;
         f->be = f->own_be;
     }
     f->owned = p.own_weights || !td_backend_is_host(f->be);

@@ -27,6 +27,7 @@ typedef struct td_forward_params {
     int max_seqs;          // sequence ids are in [0, max_seqs)
     int max_ctx;           // positions per sequence are in [0, max_ctx); 0 = min(cfg.max_pos, 4096)
     int n_threads;         // <= 0: all online CPUs
+    const char *backend_name;  // the own backend's (td_backend_create): NULL = $TANDEM_BACKEND or cpu
     bool external_kv;      // no own KV cache: only td_forward_run_kv may be used (max_ctx then
                            // only bounds positions; it sizes nothing)
     td_dtype kv_dtype;     // element type of the own KV cache: TD_F32 (default), TD_F16, TD_BF16

@@ -382,9 +382,10 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     // The backend first: its slice count sizes per-slice scratch. Count, allocate once, carve.
     tm->be = p.backend;
     if (!tm->be) {
-        td_backend_cpu_params bp = td_backend_cpu_default_params();
+        td_backend_params bp = td_backend_default_params();
+        bp.name = p.backend_name;
         bp.n_threads = p.n_threads;  // kernels NULL: $TANDEM_KERNELS or the best, as the engine
-        if ((st = td_backend_cpu_create(&bp, &tm->own_be, err))) {
+        if ((st = td_backend_create(&bp, &tm->own_be, err))) {
             free(tm);
             return st;
         }

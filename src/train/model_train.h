@@ -30,6 +30,7 @@ typedef struct td_tmodel_params {
     int batch;      // sequences per micro-batch (B)
     int seq_len;    // tokens per sequence (T); positions 0..T-1
     int n_threads;  // the own CPU backend's threads (<= 0: all online CPUs); unused with backend
+    const char *backend_name;  // the own backend (td_backend_create): NULL = $TANDEM_BACKEND or cpu
     td_train_precision precision;
     int recompute;       // 1: keep only each layer's input and recompute the layer in backward
     td_train_gemm gemm;  // TD_TRAIN_GEMM_DNNL without oneDNN built in: create fails
