@@ -29,6 +29,7 @@ static void bench_usage(FILE *f) {
             "  MODEL                  .gguf file or model directory (also -m MODEL)\n"
             "  -r, --reps R           timed repetitions (default 3), after one untimed warm-up\n"
             "  -t, --threads T        worker threads (default 2)\n"
+            "  --backend NAME         cpu (default: $TANDEM_BACKEND, else cpu), opencl, cuda (as built)\n"
             "  --json                 print one JSON object\n"
             "  --batch 1,4,16,64      batched: sequences per forward batch (default 1,4,16,64)\n"
             "  -n N                   batched: decode steps per sequence (default 32)\n"
@@ -45,7 +46,7 @@ static void bench_usage(FILE *f) {
 }
 
 typedef struct {
-    const char *sub, *model;
+    const char *sub, *model, *backend;
     long n, reps, threads, prompt, ceil_mib;
     double ceil_gbs, ceil_gflops, ceil_int8, ceil_bf16;
     bool json, no_ceil;
@@ -103,6 +104,9 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
             if (!td_arg_int(a, TAKE(), 1, MAX_REPS, &o->reps)) return -1;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (!td_arg_int(a, TAKE(), 1, 1024, &o->threads)) return -1;
+        } else if (!strcmp(a, "--backend")) {
+            if (!v) return fprintf(stderr, "tandem: --backend needs a value\n"), -1;
+            o->backend = TAKE();
         } else if (!strcmp(a, "-n")) {
             if (!td_arg_int(a, TAKE(), 1, 1 << 20, &o->n)) return -1;
         } else if (!strcmp(a, "-p")) {
@@ -319,6 +323,7 @@ static int run_init(bench_run *r, const td_model *m, const bench_opts *o, int ma
     fp.max_seqs = max_seqs;
     fp.max_ctx = max_ctx;
     fp.n_threads = (int)o->threads;
+    fp.backend_name = o->backend;
     fp.kv_dtype = o->kv_dtype;
     td_err err;
     if (td_forward_create(m, &fp, &r->fwd, &err) != TD_OK) {

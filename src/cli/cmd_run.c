@@ -33,13 +33,15 @@ static void run_usage(FILE *f) {
             "  --echo                also report log-probabilities of the prompt tokens\n"
             "  --json                print one JSON object instead of streaming text\n"
             "  --threads N           worker threads (default: all cores)\n"
+            "  --backend NAME        where the model runs: cpu (default), opencl, cuda (as built;\n"
+            "                        default $TANDEM_BACKEND; $TANDEM_DEVICE picks the device)\n"
             "  --batch N             prompt tokens per forward pass (default 256)\n"
             "  --ctx N               context length (default: prompt + max tokens, capped by the model)\n"
             TD_KV_DTYPE_HELP);
 }
 
 typedef struct {
-    const char *model, *prompt, *prompt_ids;
+    const char *model, *prompt, *prompt_ids, *backend;
     long max_tokens, top_k, logprobs, threads, batch, ctx;
     double temperature, top_p, min_p;
     bool has_temp, has_top_k, has_top_p, has_min_p, has_seed, ignore_eos, echo, json;
@@ -87,6 +89,9 @@ static int parse_opts(int argc, char **argv, run_opts *o) {
             if (!td_arg_int(a, TAKE(), 0, 20, &o->logprobs)) return -1;
         } else if (!strcmp(a, "--threads")) {
             if (!td_arg_int(a, TAKE(), 1, 1024, &o->threads)) return -1;
+        } else if (!strcmp(a, "--backend")) {
+            if (!v) return fprintf(stderr, "tandem: --backend needs a value\n"), -1;
+            o->backend = TAKE();
         } else if (!strcmp(a, "--batch")) {
             if (!td_arg_int(a, TAKE(), 1, 1 << 16, &o->batch)) return -1;
         } else if (!strcmp(a, "--ctx")) {
@@ -242,6 +247,7 @@ int td_cmd_run(int argc, char **argv) {
     fp.max_seqs = 1;
     fp.max_ctx = (int)ctx;
     fp.n_threads = (int)o.threads;
+    fp.backend_name = o.backend;
     fp.kv_dtype = o.kv_dtype;
     if (td_forward_create(m, &fp, &fwd, &err) != TD_OK) {
         fprintf(stderr, "tandem run: %s\n", err.msg);

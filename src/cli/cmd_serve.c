@@ -36,11 +36,13 @@ static void serve_usage(FILE *f) {
             "  --chat-template FILE     Jinja chat template overriding the tokenizer's\n"
             "  --no-prefix-caching      do not reuse KV of shared prompt prefixes\n"
             "  --threads N              forward threads (default: all cores)\n"
+            "  --backend NAME           where the model runs: cpu (default), opencl, cuda (as built;\n"
+            "                           default $TANDEM_BACKEND; $TANDEM_DEVICE picks the device)\n"
             "  --shutdown-timeout S     seconds in-flight requests may finish after SIGTERM (default 5)\n");
 }
 
 typedef struct {
-    const char *model, *host, *name, *chat_template;
+    const char *model, *host, *name, *chat_template, *backend;
     long port, max_batched, max_seqs, max_len, block_size, threads, shutdown_s;
     size_t kv_bytes;
     bool no_prefix;
@@ -95,6 +97,9 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
             if (!td_arg_int(a, TAKE(), 1, 1024, &o->block_size)) return -1;
         } else if (!strcmp(a, "--threads")) {
             if (!td_arg_int(a, TAKE(), 1, 1024, &o->threads)) return -1;
+        } else if (!strcmp(a, "--backend")) {
+            if (!v) return fprintf(stderr, "tandem: --backend needs a value\n"), -1;
+            o->backend = TAKE();
         } else if (!strcmp(a, "--shutdown-timeout")) {
             if (!td_arg_int(a, TAKE(), 0, 3600, &o->shutdown_s)) return -1;
         } else if (!strcmp(a, "--served-model-name")) {
@@ -179,6 +184,7 @@ int td_cmd_serve(int argc, char **argv) {
     if (o.block_size) ep.block_size = (int)o.block_size;
     ep.enable_prefix_cache = !o.no_prefix;
     ep.n_threads = (int)o.threads;
+    ep.backend = o.backend;
     ep.chat_template = tmpl;
     if (td_eng_create(m, tok, &ep, &eng, &err) != TD_OK) {
         fprintf(stderr, "tandem serve: %s\n", err.msg);

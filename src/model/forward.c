@@ -315,6 +315,10 @@ static td_status place_weights(td_forward *f, td_err *err) {
     const int nl = f->c.n_layers, n_mw = nl * MW_N + 1;
     const size_t align = td_backend_buft(be)->iface->alignment;
     const bool tied = f->tied;
+    for (int i = 0; i < f->n_ws; i++)  // a backend without kernels for a weight type says so here
+        if (f->ws[i].kind != W_VEC && !td_backend_supports_weight(be, f->ws[i].src->type))
+            return td_err_set(err, TD_ERR_UNSUPPORTED, "forward: the %s backend has no kernels for %s weights (%s)",
+                              td_backend_name(be), td_dtype_name(f->ws[i].src->type), f->ws[i].name);
     // Sizes first.
     size_t wbytes = 0;
     for (int i = 0; i < f->n_ws; i++) {
