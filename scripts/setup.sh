@@ -8,9 +8,11 @@ cd "$(dirname "$0")/.."
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
-pkgs=(cmake make gcc pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libxxhash-dev zlib1g-dev libdnnl-dev)
+pkgs=(cmake make gcc pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libxxhash-dev zlib1g-dev libdnnl-dev
+      ocl-icd-opencl-dev opencl-headers)
 if [ $want_test = 1 ]; then
-  pkgs+=(python3 python3-torch python3-numpy clang libclang-rt-14-dev)
+  # pocl-opencl-icd: OpenCL on the CPU, so the opencl backend's tests run without a device.
+  pkgs+=(python3 python3-torch python3-numpy clang libclang-rt-14-dev pocl-opencl-icd)
   # Node.js may come from elsewhere than Debian (with npm bundled): only install what is missing.
   command -v node >/dev/null || pkgs+=(nodejs)
   command -v npm >/dev/null || pkgs+=(npm)
