@@ -35,7 +35,11 @@ static void usage(FILE *f) {
         "run:\n"
         "  --out DIR       checkpoint directory    --ckpt-every N (0: only at the end)\n"
         "  --keep N (3)    checkpoints kept        --resume   continue from the newest in --out\n"
-        "  --seed N (1)    --threads N (all CPUs)\n");
+        "  --seed N (1)    --threads N (all CPUs; the cpu backend's)\n"
+        "  --backend NAME  where the model, gradients, activations and optimizer state live and\n"
+        "                  every slot runs: cpu (default), or a device backend of this build\n"
+        "                  (opencl, cuda); $TANDEM_BACKEND when absent. Checkpoints are the same\n"
+        "                  files whichever backend wrote them\n");
 }
 
 static int td_cmd_train_args(int argc, char **argv);
@@ -240,6 +244,15 @@ static int td_cmd_train_args(int argc, char **argv) {
                 ok = 0;
             } else {
                 p.metrics_path = v;
+            }
+            i++;
+        }
+        else if (!strcmp(a, "--backend")) {
+            if (!v || !*v) {
+                fprintf(stderr, "tandem: --backend needs a value\n");
+                ok = 0;
+            } else {
+                p.model.backend_name = v;
             }
             i++;
         }

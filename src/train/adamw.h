@@ -24,20 +24,35 @@ td_adamw_params td_adamw_default_params(void);
 
 typedef struct td_adamw td_adamw;
 
-// State for n_params elements (m and v zeroed, step 0). *out owned by the caller (td_adamw_free).
+// State for n_params elements (m and v zeroed, step 0) in host memory. *out owned by the caller
+// (td_adamw_free).
 td_status td_adamw_create(size_t n_params, const td_adamw_params *p, td_adamw **out, td_err *err);
+// The same with m and v in be's buffers (one td_backend_alloc of 2 x n_params floats; be
+// borrowed, outliving the state), and, when be is not a host backend, a host mirror of them of
+// the same size (the host view below). be NULL: td_adamw_create.
+td_status td_adamw_create_on(td_backend *be, size_t n_params, const td_adamw_params *p, td_adamw **out,
+                             td_err *err);
 void td_adamw_free(td_adamw *o);  // NULL is fine
 
 // One update of every tensor (views into the same layout as m and v) with learning rate lr;
 // increments the step first (bias correction uses t = step after the increment). The update runs
-// on be's adamw slot (borrowed, not NULL; a host backend: tensors, m and v are host memory), one
-// call per tensor; the values do not depend on the backend's slice count.
+// on be's adamw slot (borrowed, not NULL; the tensors' data/grad and the state in its memory),
+// one call per tensor; the values do not depend on the backend's slice count.
 void td_adamw_update(td_adamw *o, const td_tparam *tensors, int n_tensors, float lr,
                      td_backend *be);
 
-// State access for checkpoints: m, v ([n_params] each) and the step count.
+// m and v ([n_params] each) where the update reads them: host arrays for td_adamw_create or a
+// host backend, the backend's addresses otherwise.
 float *td_adamw_m(td_adamw *o);
 float *td_adamw_v(td_adamw *o);
+// The host view for checkpoints: host arrays [n_params] each. Where m and v are host memory they
+// are the state itself and the sync calls do nothing; otherwise the mirror, which
+// td_adamw_state_to_host fills from the backend (synchronously) and td_adamw_state_from_host
+// uploads (after a restore wrote it).
+float *td_adamw_host_m(td_adamw *o);
+float *td_adamw_host_v(td_adamw *o);
+void td_adamw_state_to_host(td_adamw *o);
+void td_adamw_state_from_host(td_adamw *o);
 size_t td_adamw_size(const td_adamw *o);
 long td_adamw_step_count(const td_adamw *o);
 void td_adamw_set_step_count(td_adamw *o, long step);

@@ -43,15 +43,21 @@ struct td_tmodel {
     int n_slices;    // td_backend_n_slices(be): sizes the attention backward's scratch
     td_backend *be;  // p.backend, or own_be
     td_backend *own_be;  // created (and freed) by the model when p.backend is NULL
-    double inv_freq[TD_ATTN_MAX_HEAD_DIM / 2];
+    double inv_freq[TD_ATTN_MAX_HEAD_DIM / 2];  // RoPE's, computed on the host
+    td_buffer *b_freq;  // [head_dim / 2] doubles: inv_freq where the rope slot reads it
 
     td_tparam *tensors;
     int n_tensors;
     size_t n_params;
     float *params, *grads;  // [n_params] each
     // The backend buffers behind params, grads, wbf, acts and the int32 arrays (tokens .. blk_ids):
-    // everything the slots read or write lives in the backend's memory (a host backend's).
+    // everything the slots read or write lives in the backend's memory, which the host touches
+    // only through td_buffer_set/get/copy/clear (a memcpy on a host backend).
     td_buffer *b_params, *b_grads, *b_wbf, *b_acts, *b_ints;
+    // The host view (model_train.h): on a host backend these are params, logits and losses
+    // themselves; otherwise mirrors allocated by create ([n_params], [N, V], [N]).
+    int host_be;
+    float *host, *host_logits, *host_losses;
     model_views pw, gw;     // parameter and gradient views
 
     float *acts;         // the one activation allocation
@@ -81,6 +87,9 @@ td_tmodel_params td_tmodel_default_params(void) {
 }
 
 static int is_bf16(const td_tmodel *tm) { return tm->p.precision == TD_TRAIN_BF16; }
+
+// Byte offset of an activation in b_acts (for td_buffer_copy/get).
+static size_t act_off(const td_tmodel *tm, const float *p) { return (size_t)(p - tm->acts) * sizeof(float); }
 
 // y[n] = bf16(x[n]).
 static void round_bf16(td_tmodel *tm, const float *x, float *y, size_t n) {
@@ -176,7 +185,7 @@ static void rmsnorm_bwd(td_tmodel *tm, const float *x, const float *w, const flo
 }
 
 static void rope(td_tmodel *tm, float *x, const int32_t *pos, int n_heads) {
-    td_backend_rope(tm->be, x, pos, tm->inv_freq, tm->N, n_heads, tm->c.head_dim,
+    td_backend_rope(tm->be, x, pos, tm->b_freq->base, tm->N, n_heads, tm->c.head_dim,
                     tm->c.rope_style == TD_ROPE_NEOX);
 }
 
@@ -199,6 +208,7 @@ static float *add_tensor(sizer *s, const char *name, int64_t rows, int64_t cols,
         t->decay = decay;
         t->data = s->tm->params + s->off;
         t->grad = s->tm->grads + s->off;
+        t->host = s->tm->host + s->off;
     }
     s->n++;
     s->off += (size_t)rows * (size_t)cols;
@@ -391,11 +401,12 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
         }
         tm->be = tm->own_be;
     }
-    // Params, grads and activations live in the backend's buffers, but the loader, the
-    // checkpoints, export and AdamW's moments still read and write them as host arrays.
-    if (!td_backend_is_host(tm->be)) {
-        st = td_err_set(err, TD_ERR_UNSUPPORTED,
-                        "train: the %s backend's memory is not host memory", td_backend_name(tm->be));
+    // Everything the slots touch lives in the backend's buffers; the host reaches them through
+    // the host view (model_train.h). The oneDNN GEMM reads host arrays, so a host backend only.
+    tm->host_be = td_backend_is_host(tm->be);
+    if (p.gemm == TD_TRAIN_GEMM_DNNL && !tm->host_be) {
+        st = td_err_set(err, TD_ERR_UNSUPPORTED, "train: the oneDNN GEMM needs host memory, not the %s backend's",
+                        td_backend_name(tm->be));
         td_tmodel_free(tm);
         return st;
     }
@@ -419,7 +430,8 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
          td_backend_alloc(tm->be, tm->n_params * sizeof(float), "train bf16 weights", &tm->b_wbf, &e2) == TD_OK) &&
         td_backend_alloc(tm->be, n_acts * sizeof(float), "train activations", &tm->b_acts, &e2) == TD_OK &&
         td_backend_alloc(tm->be, (5 * N + (size_t)p.batch) * sizeof(int32_t), "train inputs", &tm->b_ints, &e2) ==
-            TD_OK) {
+            TD_OK &&
+        td_backend_alloc(tm->be, sizeof tm->inv_freq, "train rope frequencies", &tm->b_freq, &e2) == TD_OK) {
         td_buffer_clear(tm->b_params, 0);  // parameters start at zero (model_train.h)
         td_buffer_clear(tm->b_grads, 0);
         tm->params = tm->b_params->base;
@@ -429,9 +441,18 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
         tm->tokens = tm->b_ints->base;
         tm->blk_ids = tm->tokens + 5 * N;
     }
+    int32_t *ints = malloc((5 * N + (size_t)p.batch) * sizeof *ints);  // staged, uploaded below
+    if (tm->host_be) {
+        tm->host = tm->params;
+    } else {
+        tm->host = calloc(tm->n_params, sizeof(float));  // the parameters start at zero
+        tm->host_logits = malloc(N * (size_t)tm->V * sizeof(float));
+        tm->host_losses = malloc(N * sizeof(float));
+    }
     if (!tm->tensors || !tm->pw.l || !tm->gw.l || !tm->res || !tm->la || !tm->params ||
         !tm->grads || (p.precision == TD_TRAIN_BF16 && !tm->wbf) || !tm->acts || !tm->tokens ||
-        !tm->blk_ids) {
+        !tm->blk_ids || !tm->b_freq || !ints || !tm->host || (!tm->host_be && (!tm->host_logits || !tm->host_losses))) {
+        free(ints);
         st = td_err_set(err, TD_ERR_NOMEM,
                         "train: out of memory (%zu parameters, %zu MiB of activations)",
                         tm->n_params, n_acts * sizeof(float) >> 20);
@@ -442,18 +463,24 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     layout(&s);
     make_grad_views(tm);
     carve_acts(tm, tm->acts);
+    if (tm->host_be) {
+        tm->host_logits = tm->logits;
+        tm->host_losses = tm->losses;
+    }
     tm->targets = tm->tokens + N;
     tm->pos = tm->tokens + 2 * N;
     tm->negpos = tm->tokens + 3 * N;
     tm->seq_id = tm->tokens + 4 * N;
+    memset(ints, 0, 2 * N * sizeof *ints);  // tokens and targets: written by each forward
     for (size_t i = 0; i < N; i++) {
-        tm->pos[i] = (int32_t)(i % (size_t)p.seq_len);
-        tm->negpos[i] = -tm->pos[i];  // RoPE backward: rotation by the negated angle
-        tm->seq_id[i] = (int32_t)(i / (size_t)p.seq_len);
+        ints[2 * N + i] = (int32_t)(i % (size_t)p.seq_len);   // pos
+        ints[3 * N + i] = -ints[2 * N + i];                   // negpos: RoPE backward's rotation
+        ints[4 * N + i] = (int32_t)(i / (size_t)p.seq_len);  // seq_id
     }
-    for (int b = 0; b < p.batch; b++) {
-        tm->blk_ids[b] = b;
-    }
+    for (int b = 0; b < p.batch; b++) ints[5 * N + (size_t)b] = b;  // blk_ids
+    td_buffer_set(tm->b_ints, 0, ints, (5 * N + (size_t)p.batch) * sizeof *ints);
+    free(ints);
+    td_buffer_set(tm->b_freq, 0, tm->inv_freq, sizeof tm->inv_freq);
     *out = tm;
     return TD_OK;
 }
@@ -470,6 +497,12 @@ void td_tmodel_free(td_tmodel *tm) {
     td_buffer_free(tm->b_wbf);
     td_buffer_free(tm->b_acts);
     td_buffer_free(tm->b_ints);
+    td_buffer_free(tm->b_freq);
+    if (!tm->host_be) {
+        free(tm->host);
+        free(tm->host_logits);
+        free(tm->host_losses);
+    }
     td_backend_free(tm->own_be);  // after the buffers it allocated
     free(tm);
 }
@@ -500,7 +533,27 @@ size_t td_tmodel_activation_bytes(const td_tmodel *tm) {
 }
 const float *td_tmodel_logits(const td_tmodel *tm) { return tm->logits; }
 
-void td_tmodel_zero_grad(td_tmodel *tm) { memset(tm->grads, 0, tm->n_params * sizeof(float)); }
+void td_tmodel_zero_grad(td_tmodel *tm) { td_buffer_clear(tm->b_grads, 0); }
+
+float *td_tmodel_host_params(td_tmodel *tm, size_t *n) {
+    if (n) *n = tm->n_params;
+    return tm->host;
+}
+void td_tmodel_params_to_host(td_tmodel *tm) {
+    if (!tm->host_be) td_buffer_get(tm->b_params, 0, tm->host, tm->n_params * sizeof(float));
+}
+void td_tmodel_params_from_host(td_tmodel *tm) {
+    if (!tm->host_be) td_buffer_set(tm->b_params, 0, tm->host, tm->n_params * sizeof(float));
+}
+const float *td_tmodel_host_logits(td_tmodel *tm) {
+    if (!tm->host_be)
+        td_buffer_get(tm->b_acts, act_off(tm, tm->logits), tm->host_logits,
+                      (size_t)tm->N * tm->V * sizeof(float));
+    return tm->host_logits;
+}
+void td_tmodel_grads_to_host(td_tmodel *tm, float *dst) {
+    td_buffer_get(tm->b_grads, 0, dst, tm->n_params * sizeof(float));
+}
 
 // ------------------------------------------------------------------ initialisation and loading
 
@@ -515,14 +568,15 @@ void td_tmodel_init_random(td_tmodel *tm, uint64_t seed, float std) {
         const int is_bias = len > 5 && !strcmp(t->name + len - 5, ".bias");
         for (size_t j = 0; j < n; j++) {
             if (is_norm) {
-                t->data[j] = 1.0f;
+                t->host[j] = 1.0f;
             } else if (is_bias) {
-                t->data[j] = 0.0f;
+                t->host[j] = 0.0f;
             } else {
-                t->data[j] = (float)(std * td_rng_normal(&r));
+                t->host[j] = (float)(std * td_rng_normal(&r));
             }
         }
     }
+    td_tmodel_params_from_host(tm);
 }
 
 // The td_model tensor holding parameter t (by position in the layout walk).
@@ -579,8 +633,9 @@ td_status td_tmodel_load(td_tmodel *tm, const td_model *m, td_err *err) {
             (src->nbytes && src->nbytes < rb * (size_t)(src->ndim == 2 ? src->ne[0] : 1)))
             return td_err_set(err, TD_ERR_UNSUPPORTED, "train: %s: unsupported dtype %s", t->name,
                               td_dtype_name(src->type));
-        td_to_f32(src->type, src->data, t->data, n);
+        td_to_f32(src->type, src->data, t->host, n);
     }
+    td_tmodel_params_from_host(tm);
     // The model's RoPE and norm settings, and GGUF llama3 divisors, as the inference forward does.
     tm->c.norm_eps = b->norm_eps;
     tm->c.rope_theta = b->rope_theta;
@@ -603,6 +658,7 @@ td_status td_tmodel_load(td_tmodel *tm, const td_model *m, td_err *err) {
             tm->inv_freq[i] /= ff[i];
         }
     }
+    td_buffer_set(tm->b_freq, 0, tm->inv_freq, sizeof tm->inv_freq);
     return TD_OK;
 }
 
@@ -638,7 +694,7 @@ static void layer_forward(td_tmodel *tm, int l, layer_acts *a) {
     rmsnorm(tm, a->xmid, w->ffn_norm, a->xn2, N, D);
     mm(tm, w->w_gate, NULL, a->xn2, a->gate, F, D);
     mm(tm, w->w_up, NULL, a->xn2, a->up, F, D);
-    memcpy(a->h, a->gate, (size_t)N * F * sizeof(float));
+    td_buffer_copy(tm->b_acts, act_off(tm, a->h), tm->b_acts, act_off(tm, a->gate), (size_t)N * F * sizeof(float));
     td_backend_silu_mul(tm->be, a->h, a->up, (int64_t)N * F);
     float *y = tm->res[l + 1];
     mm(tm, w->w_down, NULL, a->h, y, D, F);
@@ -659,9 +715,9 @@ td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t 
             return td_err_set(err, TD_ERR_INVALID, "train: target %d: id %d is outside [-1, %d)", i,
                               targets[i], V);
     }
-    memcpy(tm->tokens, tokens, (size_t)N * sizeof(int32_t));
+    td_buffer_set(tm->b_ints, 0, tokens, (size_t)N * sizeof(int32_t));  // tm->tokens
     if (is_bf16(tm)) round_bf16(tm, tm->params, tm->wbf, tm->n_params);  // weights changed since
-    if (targets) memcpy(tm->targets, targets, (size_t)N * sizeof(int32_t));
+    if (targets) td_buffer_set(tm->b_ints, (size_t)N * sizeof(int32_t), targets, (size_t)N * sizeof(int32_t));
 
     td_tensor emb = {.type = TD_F32,
                      .ndim = 2,
@@ -685,8 +741,10 @@ td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t 
                           .vocab = V,
                           .want_grad = 0};
         td_backend_xent(tm->be, &x);
+        if (!tm->host_be)  // a synchronous download: the host sums the losses in token order
+            td_buffer_get(tm->b_acts, act_off(tm, tm->losses), tm->host_losses, (size_t)N * sizeof(float));
         for (int i = 0; i < N; i++)
-            if (targets[i] >= 0) sum += tm->losses[i], cnt++;
+            if (targets[i] >= 0) sum += tm->host_losses[i], cnt++;
     }
     if (loss_sum) *loss_sum = sum;
     if (n_counted) *n_counted = cnt;

@@ -34,21 +34,24 @@ typedef struct td_tmodel_params {
     td_train_precision precision;
     int recompute;       // 1: keep only each layer's input and recompute the layer in backward
     td_train_gemm gemm;  // TD_TRAIN_GEMM_DNNL without oneDNN built in: create fails
-    // Borrowed; must outlive the model, and be a host backend (the trainer's buffers are host
-    // memory). NULL: create makes its own CPU backend (n_threads, kernel set $TANDEM_KERNELS or
-    // the best) and frees it with the model. Sharing one with td_forward makes both run the same
-    // slots on the same kernel set.
+    // Borrowed; must outlive the model; any backend (a device one too: see the host view
+    // below). NULL: create makes its own backend (backend_name; the CPU one gets n_threads and
+    // kernel set $TANDEM_KERNELS or the best) and frees it with the model. Sharing one with
+    // td_forward makes both run the same slots on the same kernel set.
     td_backend *backend;
 } td_tmodel_params;
 
 // batch 1, seq_len 64, n_threads 0, FP32, no recomputation, own backend.
 td_tmodel_params td_tmodel_default_params(void);
 
-// One parameter tensor: a view into the parameter buffer and the same view into the gradients.
+// One parameter tensor: a view into the parameter buffer and the same view into the gradients
+// (addresses in the backend's memory: slots read them; the host may only on a host backend), and
+// the tensor in the host view (td_tmodel_host_params).
 typedef struct td_tparam {
     char name[64];       // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
     float *data;         // into the parameter buffer
     float *grad;         // into the gradient buffer (same offset)
+    float *host;         // into the host view (== data on a host backend)
     size_t offset;       // elements from the start of the buffers
     int64_t rows, cols;  // [rows, cols]; 1-D tensors have rows 1
     int decay;           // 1: weight decay applies (matrices, embeddings); 0: norms and biases
@@ -60,20 +63,20 @@ typedef struct td_tmodel td_tmodel;
 // gradient scratch). Parameters start at zero: call td_tmodel_init_random or td_tmodel_load.
 // c must pass td_config_validate; head_dim even and <= TD_ATTN_MAX_HEAD_DIM. On success *out is
 // owned by the caller (td_tmodel_free); on failure *out is NULL and nothing leaks. A kernel set
-// $TANDEM_KERNELS names that does not exist is TD_ERR_INVALID (own backend only); a backend whose
-// memory is not host memory is TD_ERR_UNSUPPORTED.
+// $TANDEM_KERNELS names that does not exist is TD_ERR_INVALID (own backend only); the oneDNN
+// GEMM on a backend whose memory is not host memory is TD_ERR_UNSUPPORTED.
 td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *p, td_tmodel **out,
                            td_err *err);
 void td_tmodel_free(td_tmodel *tm);  // NULL is fine
 
 // Hugging Face initialisation: every matrix and embedding ~ normal(0, std) (std 0.02 usually),
-// norms 1, biases 0. Deterministic in seed.
+// norms 1, biases 0. Deterministic in seed. Written into the host view, then uploaded.
 void td_tmodel_init_random(td_tmodel *tm, uint64_t seed, float std);
 
 // Copies (converting to f32) the weights of a loaded model whose config matches the one given
 // to create (sizes, tie, bias, qk-norm) and adopts its RoPE settings (style, theta, scaling,
 // GGUF rope_freqs) and norm eps; m is only read during the call. On failure the parameters may
-// be partly overwritten.
+// be partly overwritten. Written into the host view, then uploaded.
 td_status td_tmodel_load(td_tmodel *tm, const td_model *m, td_err *err);
 
 const td_model_config *td_tmodel_config(const td_tmodel *tm);
@@ -81,6 +84,7 @@ td_tmodel_params td_tmodel_get_params(const td_tmodel *tm);
 int td_tmodel_n_tensors(const td_tmodel *tm);
 const td_tparam *td_tmodel_tensor(const td_tmodel *tm, int i);           // i in [0, n_tensors)
 const td_tparam *td_tmodel_find(const td_tmodel *tm, const char *name);  // NULL if absent
+// The parameter and gradient buffers (backend addresses; host arrays on a host backend).
 float *td_tmodel_params_buf(td_tmodel *tm, size_t *n);  // n: elements (both buffers)
 float *td_tmodel_grads_buf(td_tmodel *tm, size_t *n);
 // The backend every slot runs on (p.backend, or the model's own): borrowed, valid until
@@ -89,6 +93,23 @@ td_backend *td_tmodel_backend(td_tmodel *tm);
 size_t td_tmodel_activation_bytes(const td_tmodel *tm);
 
 void td_tmodel_zero_grad(td_tmodel *tm);
+
+// ---- The host view: how code that needs host arrays (loading, checkpoints, evaluation, tests)
+// reaches a model whose buffers may be device memory. On a host backend (the CPU) the views ARE
+// the buffers: td_tmodel_host_params is the parameter buffer, td_tmodel_host_logits the logits,
+// and the sync calls do nothing (no copy, no cost). On any other backend create allocates host
+// mirrors once (the parameters, n_params floats; the logits, B*T*vocab floats) and the calls
+// below copy, synchronously, through the backend's buffers:
+//   td_tmodel_params_to_host    mirror <- parameters (before reading the host view: after steps);
+//   td_tmodel_params_from_host  parameters <- mirror (after writing it: restore, a test's edit);
+//   td_tmodel_host_logits       the last forward's logits, downloaded into the mirror;
+//   td_tmodel_grads_to_host     the gradient buffer into the caller's dst[n_params].
+// init_random and load write the host view and upload it themselves.
+float *td_tmodel_host_params(td_tmodel *tm, size_t *n);  // n: elements; td_tparam.host points in
+void td_tmodel_params_to_host(td_tmodel *tm);
+void td_tmodel_params_from_host(td_tmodel *tm);
+const float *td_tmodel_host_logits(td_tmodel *tm);  // [B*T, vocab]; valid until the next forward
+void td_tmodel_grads_to_host(td_tmodel *tm, float *dst);
 
 // Forward and backward allocate nothing and are not thread-safe (one caller per model, and one
 // caller per backend at a time: a shared backend's slots must not be issued concurrently; the
@@ -101,7 +122,8 @@ void td_tmodel_zero_grad(td_tmodel *tm);
 td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t *targets,
                             double *loss_sum, int *n_counted, td_err *err);
 
-// [B*T, vocab] logits of the last forward (overwritten by td_tmodel_backward).
+// [B*T, vocab] logits of the last forward (overwritten by td_tmodel_backward), in the backend's
+// memory (td_tmodel_host_logits for a host array on any backend).
 const float *td_tmodel_logits(const td_tmodel *tm);
 
 // Backward of the last forward (which must have had targets): ADDS d(dscale * sum of losses)/dθ to

@@ -130,6 +130,7 @@ static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long 
     cJSON_AddNumberToObject(o, "seq_len", mp.seq_len);
     cJSON_AddNumberToObject(o, "grad_accum", tp->grad_accum);
     cJSON_AddNumberToObject(o, "tokens_per_step", (double)mp.batch * mp.seq_len * tp->grad_accum);
+    cJSON_AddStringToObject(o, "backend", td_backend_name(td_tmodel_backend(tm)));
     cJSON_AddNumberToObject(o, "threads", td_backend_n_slices(td_tmodel_backend(tm)));
     cJSON_AddStringToObject(o, "precision", mp.precision == TD_TRAIN_BF16 ? "bf16" : "fp32");
     cJSON_AddBoolToObject(o, "recompute", mp.recompute != 0);
@@ -181,10 +182,13 @@ static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long 
     return st;
 }
 
-// Writes params, AdamW state and metadata as dir/ckpt-<step + 1>.tdck (the number of steps done).
+// Writes params, AdamW state and metadata as dir/ckpt-<step + 1>.tdck (the number of steps done),
+// from the host views (downloaded first where the backend's memory is not the host's).
 static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *tr, td_loader *ld,
                       td_err *err) {
     const int nt = td_tmodel_n_tensors(tm);
+    td_tmodel_params_to_host(tm);
+    td_adamw_state_to_host(td_trainer_adamw(tr));
     td_ckpt_tensor *ts = calloc((size_t)nt + 2, sizeof *ts);
     char *names = calloc((size_t)nt, 80);
     if (!ts || !names) {
@@ -200,7 +204,7 @@ static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *t
                                  .dtype = TD_F32,
                                  .ndim = t->rows == 1 ? 1 : 2,
                                  .shape = {t->rows == 1 ? t->cols : t->rows, t->cols},
-                                 .data = t->data,
+                                 .data = t->host,
                                  .nbytes = (size_t)(t->rows * t->cols) * sizeof(float)};
     }
     td_adamw *o = td_trainer_adamw(tr);
@@ -209,13 +213,13 @@ static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *t
                               .dtype = TD_F32,
                               .ndim = 1,
                               .shape = {(int64_t)n},
-                              .data = td_adamw_m(o),
+                              .data = td_adamw_host_m(o),
                               .nbytes = n * sizeof(float)};
     ts[nt + 1] = (td_ckpt_tensor){.name = "adam.v",
                                   .dtype = TD_F32,
                                   .ndim = 1,
                                   .shape = {(int64_t)n},
-                                  .data = td_adamw_v(o),
+                                  .data = td_adamw_host_v(o),
                                   .nbytes = n * sizeof(float)};
     char pos[160];
     td_loader_pos lp = td_loader_tell(ld);
@@ -245,6 +249,7 @@ static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *t
     return st;
 }
 
+// Into the host view, then uploaded.
 static td_status copy_params(td_tmodel *tm, const td_ckpt *ck, const char *what, td_err *err) {
     for (int i = 0; i < td_tmodel_n_tensors(tm); i++) {
         const td_tparam *t = td_tmodel_tensor(tm, i);
@@ -255,8 +260,9 @@ static td_status copy_params(td_tmodel *tm, const td_ckpt *ck, const char *what,
         if (!c || c->dtype != TD_F32 || c->nbytes != nb)
             return td_err_set(err, TD_ERR_FORMAT, "%s: %s is missing or does not match the model",
                               what, nm);
-        memcpy(t->data, c->data, nb);
+        memcpy(t->host, c->data, nb);
     }
+    td_tmodel_params_from_host(tm);
     return TD_OK;
 }
 
@@ -289,8 +295,9 @@ static td_status restore(const td_train_run_params *p, td_tmodel *tm, td_trainer
                         p->out_dir);
         goto done;
     }
-    memcpy(td_adamw_m(o), m->data, nb);
-    memcpy(td_adamw_v(o), v->data, nb);
+    memcpy(td_adamw_host_m(o), m->data, nb);
+    memcpy(td_adamw_host_v(o), v->data, nb);
+    td_adamw_state_from_host(o);
     cJSON *root = cJSON_Parse(td_ckpt_meta(ck));
     const cJSON *js = root ? cJSON_GetObjectItemCaseSensitive(root, "step") : NULL;
     const cJSON *jl = root ? cJSON_GetObjectItemCaseSensitive(root, "loader") : NULL;
@@ -327,7 +334,7 @@ static td_status evaluate(const td_train_run_params *p, td_tmodel *tm, td_loader
         }
         // The per-token loss of `tandem eval` (train/eval.h) on the trainer's own logits.
         if ((st = td_tmodel_forward(tm, tok, NULL, NULL, NULL, err))) break;
-        const float *lg = td_tmodel_logits(tm);
+        const float *lg = td_tmodel_host_logits(tm);
         const int V = td_tmodel_config(tm)->vocab_size;
         for (size_t i = 0; i < (size_t)B * T; i++) sum += td_eval_token_nll(lg + i * V, V, tgt[i]);
         cnt += (long)B * T;
@@ -421,8 +428,8 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
     td_tmodel_params_buf(tm, &np);
     if (p->log)
         fprintf(p->log,
-                "train: %zu parameters, %d layers, dim %d, vocab %d, batch %d x %d x %d, %s%s%s\n",
-                np, cfg.n_layers, cfg.dim, cfg.vocab_size, K, B, T,
+                "train: %zu parameters, %d layers, dim %d, vocab %d, batch %d x %d x %d, %s, %s%s%s\n",
+                np, cfg.n_layers, cfg.dim, cfg.vocab_size, K, B, T, td_backend_name(td_tmodel_backend(tm)),
                 p->model.precision == TD_TRAIN_BF16 ? "bf16" : "fp32",
                 p->model.recompute ? ", recompute" : "", resumed ? ", resumed" : "");
     for (long s = td_trainer_step_count(tr); s < p->steps; s++) {

@@ -1,7 +1,8 @@
 // The training step: accumulate gradients over micro-batches, clip by global norm, AdamW at the
 // scheduled learning rate. The mean is over all counted targets of the step, so accumulating k
 // micro-batches gives the gradient of one batch k times larger. The norm, the clipping scale and
-// the update run on the model's backend (its sumsq, scale and adamw slots).
+// the update run on the model's backend (its sumsq, scale and adamw slots); the optimizer state and
+// the norm's partial sums live in its memory, and the host reads back one partial per slice.
 #include "train/trainer.h"
 
 #include <math.h>
@@ -11,7 +12,8 @@ struct td_trainer {
     td_tmodel *tm;  // borrowed
     td_trainer_params p;
     td_adamw *opt;
-    double *norm_part;  // [td_backend_n_slices] the gradient norm's partial sums of squares
+    td_buffer *b_part;  // [td_backend_n_slices] doubles: the gradient norm's partial sums of squares
+    double *norm_part;  // the same partials as a host array (b_part's memory on a host backend)
 };
 
 td_trainer_params td_trainer_default_params(void) {
@@ -38,12 +40,18 @@ td_status td_trainer_create(td_tmodel *tm, const td_trainer_params *pp, td_train
     t->p = p;
     size_t n;
     td_tmodel_params_buf(tm, &n);
-    td_status st = td_adamw_create(n, &p.adam, &t->opt, err);
+    td_backend *be = td_tmodel_backend(tm);
+    td_status st = td_adamw_create_on(be, n, &p.adam, &t->opt, err);
     if (st) {
         free(t);
         return st;
     }
-    t->norm_part = calloc((size_t)td_backend_n_slices(td_tmodel_backend(tm)), sizeof *t->norm_part);
+    const size_t part_bytes = (size_t)td_backend_n_slices(be) * sizeof(double);
+    if ((st = td_backend_alloc(be, part_bytes, "trainer norm partials", &t->b_part, err))) {
+        td_trainer_free(t);
+        return st;
+    }
+    t->norm_part = td_buffer_is_host(t->b_part) ? t->b_part->base : malloc(part_bytes);
     if (!t->norm_part) {
         td_trainer_free(t);
         return td_err_set(err, TD_ERR_NOMEM, "trainer: out of memory");
@@ -55,7 +63,8 @@ td_status td_trainer_create(td_tmodel *tm, const td_trainer_params *pp, td_train
 void td_trainer_free(td_trainer *t) {
     if (!t) return;
     td_adamw_free(t->opt);
-    free(t->norm_part);
+    if (t->b_part && t->norm_part != t->b_part->base) free(t->norm_part);
+    td_buffer_free(t->b_part);
     free(t);
 }
 
@@ -93,8 +102,10 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
     size_t n;
     float *g = td_tmodel_grads_buf(tm, &n);
     td_backend *be = td_tmodel_backend(tm);
-    const td_sumsq_args sq = {.x = g, .n = (int64_t)n, .part = t->norm_part};
+    const td_sumsq_args sq = {.x = g, .n = (int64_t)n, .part = t->b_part->base};
     td_backend_sumsq(be, &sq);
+    if (t->norm_part != t->b_part->base)  // a synchronous download of the partials
+        td_buffer_get(t->b_part, 0, t->norm_part, (size_t)td_backend_n_slices(be) * sizeof(double));
     double ss = 0.0;  // the partials in slice order: the same total whatever the thread timing
     for (int i = 0; i < td_backend_n_slices(be); i++) ss += t->norm_part[i];
     const double norm = sqrt(ss);
