@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "base/log.h"
 #include "cli/bench_ceil.h"
 #include "cli/cli.h"
@@ -29,7 +30,8 @@ static void bench_usage(FILE *f) {
             "  MODEL                  .gguf file or model directory (also -m MODEL)\n"
             "  -r, --reps R           timed repetitions (default 3), after one untimed warm-up\n"
             "  -t, --threads T        worker threads (default 2)\n"
-            "  --backend NAME         cpu (default: $TANDEM_BACKEND, else cpu), opencl, cuda (as built)\n"
+            "  --backend NAME         cpu, or a device backend of this build (listed below); default\n"
+            "                         $TANDEM_BACKEND, else cpu\n"
             "  --json                 print one JSON object\n"
             "  --batch 1,4,16,64      batched: sequences per forward batch (default 1,4,16,64)\n"
             "  -n N                   batched: decode steps per sequence (default 32)\n"
@@ -43,6 +45,7 @@ static void bench_usage(FILE *f) {
             "  --kv-cache-dtype T     KV cache element type: auto (= f32), f32, f16 or bf16\n"
             "pp/tg: like llama-bench -p N / -n N (tg starts from an empty cache; every generated\n"
             "token's logits are computed, pp computes only the last one's). See docs/bench.md.\n");
+    fprintf(f, "backends in this build: %s\n", td_backend_names());
 }
 
 typedef struct {

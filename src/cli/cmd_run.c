@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/backend.h"
 #include "base/log.h"
 #include "cli/cli.h"
 #include "engine/sampler.h"
@@ -33,11 +34,13 @@ static void run_usage(FILE *f) {
             "  --echo                also report log-probabilities of the prompt tokens\n"
             "  --json                print one JSON object instead of streaming text\n"
             "  --threads N           worker threads (default: all cores)\n"
-            "  --backend NAME        where the model runs: cpu (default), opencl, cuda (as built;\n"
-            "                        default $TANDEM_BACKEND; $TANDEM_DEVICE picks the device)\n"
+            "  --backend NAME        where the model runs: cpu, or a device backend of this build\n"
+            "                        (listed below); default $TANDEM_BACKEND, else cpu;\n"
+            "                        $TANDEM_DEVICE picks the device\n"
             "  --batch N             prompt tokens per forward pass (default 256)\n"
             "  --ctx N               context length (default: prompt + max tokens, capped by the model)\n"
             TD_KV_DTYPE_HELP);
+    fprintf(f, "backends in this build: %s\n", td_backend_names());
 }
 
 typedef struct {

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "cli/cli.h"
@@ -36,9 +37,11 @@ static void serve_usage(FILE *f) {
             "  --chat-template FILE     Jinja chat template overriding the tokenizer's\n"
             "  --no-prefix-caching      do not reuse KV of shared prompt prefixes\n"
             "  --threads N              forward threads (default: all cores)\n"
-            "  --backend NAME           where the model runs: cpu (default), opencl, cuda (as built;\n"
-            "                           default $TANDEM_BACKEND; $TANDEM_DEVICE picks the device)\n"
+            "  --backend NAME           where the model runs: cpu, or a device backend of this build\n"
+            "                           (listed below); default $TANDEM_BACKEND, else cpu;\n"
+            "                           $TANDEM_DEVICE picks the device\n"
             "  --shutdown-timeout S     seconds in-flight requests may finish after SIGTERM (default 5)\n");
+    fprintf(f, "backends in this build: %s\n", td_backend_names());
 }
 
 typedef struct {
