@@ -36,14 +36,14 @@ step "oracles (PyTorch, Hugging Face tokenizers, Jinja)" oracles
 step "tests (release)" ctest --test-dir build --output-on-failure -j"$JOBS"
 
 if [ "${SKIP_ASAN:-0}" != 1 ]; then
-  step "build (ASan+UBSan)" build build-asan -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=ON
+  step "build (ASan+UBSan)" build build-asan -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=ON -DTANDEM_CUDA=OFF
   step "tests (ASan+UBSan)" env ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j"$JOBS" -L unit
 fi
 
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
   fuzz() {
-    CC=clang CXX=clang++ build build-fuzz -DCMAKE_BUILD_TYPE=Debug -DTANDEM_FUZZ=ON || return 1
+    CC=clang CXX=clang++ build build-fuzz -DCMAKE_BUILD_TYPE=Debug -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF || return 1
     local rc=0
     for f in build-fuzz/fuzz_*; do
       [ -x "$f" ] || continue

@@ -21,6 +21,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifndef TANDEM_HAVE_CUDA
+int main(void) {
+    printf("skipped: built without CUDA\n");
+    return 77;
+}
+#else
+#include <cuda_runtime_api.h>
+
 #include "backend/backend.h"
 #include "kernels/backward.h"
 #include "kernels/kernels.h"
@@ -28,10 +36,6 @@
 #include "model/model.h"
 #include "test_forward_model.h"
 #include "test_util.h"
-
-#ifdef TANDEM_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 #ifdef TANDEM_HAVE_NCCL
 #include "dist/comm_nccl.h"
 #endif
@@ -618,10 +622,6 @@ static void test_nccl(void) {
 #endif
 
 int main(void) {
-#ifndef TANDEM_HAVE_CUDA
-    printf("skipped: built without CUDA\n");
-    return 77;
-#else
     (void)fm_reference;
     setenv("TANDEM_KERNELS", "ref", 1);
     td_err err = {0};
@@ -653,5 +653,5 @@ int main(void) {
     td_backend_free(g_cpu);
     td_backend_free(g_gpu);
     TEST_DONE();
-#endif
 }
+#endif  // TANDEM_HAVE_CUDA
