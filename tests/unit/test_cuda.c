@@ -8,12 +8,12 @@
 // across all visible GPUs. Exits 77 (skipped) without a GPU: nothing here passes without running.
 //
 // Tolerances. Two f32 sums of the same n products in different orders differ by at most
-// 2 n u sum|terms| (u = 2^-24). The cuBLAS paths round the activations to the weight's 16-bit type
-// (and Q8_0/Q4_0 weights to f16) before multiplying, which moves each product by at most
-// 2^-9 (bf16) or 2^-11 (f16) of itself, per rounded operand: the bound is then
-// (r + 2 n u) sum|w x| with r = 2^-8 (bf16, one rounding... written as 2^-8 for margin) or
-// 2 * 2^-11 (f16 weights and activations). Element-wise slots agree to a few ulps (the device's
-// expf/sincos are within 2 ulps); conversions are exact.
+// 2 n u sum|terms| (u = 2^-24). The cuBLAS paths (16 tokens and more) also round operands to 16
+// bits before multiplying: BF16 rounds the activations (unit roundoff 2^-8), F16 the activations
+// (2^-11), Q8_0/Q4_0 both the dequantized weights and the activations to f16 (2 x 2^-11); each
+// product moves by at most that fraction of itself, so the bound is (r + 2 n u) sum|w x|.
+// Element-wise slots agree to a few ulps (the device's expf and sincos are within 2 ulps);
+// conversions are exact.
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -485,8 +485,9 @@ static void test_train(void) {
 
 // ---- a random-weight model's forward on both backends, teacher-forced on the CPU's greedy tokens:
 // at every step the GPU's argmax is the CPU's, or the CPU's own margin between the two is within
-// the logit tolerance (a near-tie, not an error); logits agree within 2e-2 absolute (BF16 and
-// Q8_0 prefill round activations to 16 bits on the GPU: a relative 2^-8 per layer's products).
+// the logit tolerance (a near-tie, not an error); logits agree within 2e-2 of the largest logit
+// (BF16 and Q8_0 prefill round activations to 16 bits on the GPU: 2^-8 relative per product, a
+// few layers deep; decode steps use the f32 mat-vec kernels).
 static int argmax(const float *z, int n) {
     int b = 0;
     for (int i = 1; i < n; i++) b = z[i] > z[b] ? i : b;
@@ -529,7 +530,9 @@ static void test_forward(void) {
                 CHECK(0, "forward run: %s", err.msg);
                 break;
             }
-            for (int i = 0; i < n * V; i++) worst = fmax(worst, fabs((double)z0[i] - z1[i]));
+            double zmax = 1;  // logits are O(1) here; the bound scales with the largest
+            for (int i = 0; i < n * V; i++) zmax = fmax(zmax, fabs((double)z0[i]));
+            for (int i = 0; i < n * V; i++) worst = fmax(worst, fabs((double)z0[i] - z1[i]) / zmax);
             const float *l0 = z0 + (size_t)(n - 1) * V, *l1 = z1 + (size_t)(n - 1) * V;
             const int a0 = argmax(l0, V), a1 = argmax(l1, V);
             if (a0 == a1) agree++;
@@ -537,7 +540,7 @@ static void test_forward(void) {
             if (step < GEN) tok[NP + step] = a0;
         }
         CHECK(agree + ties == GEN + 1 && worst < 2e-2,
-              "forward %s: greedy tokens agree at %d of %d steps (%d near-ties), max |dlogit| %.2e",
+              "forward %s: greedy tokens agree at %d of %d steps (%d near-ties), max |dlogit| / max|logit| %.2e",
               td_dtype_name(types[ti]), agree, GEN + 1, ties, worst);
         free(z0), free(z1);
         td_forward_free(f0), td_forward_free(f1);
