@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "base/file.h"
 #include "cli/cli.h"
 #include "train/train_run.h"
@@ -37,9 +38,9 @@ static void usage(FILE *f) {
         "  --keep N (3)    checkpoints kept        --resume   continue from the newest in --out\n"
         "  --seed N (1)    --threads N (all CPUs; the cpu backend's)\n"
         "  --backend NAME  where the model, gradients, activations and optimizer state live and\n"
-        "                  every slot runs: cpu (default), or a device backend of this build\n"
-        "                  (opencl, cuda); $TANDEM_BACKEND when absent. Checkpoints are the same\n"
-        "                  files whichever backend wrote them\n");
+        "                  every slot runs (default $TANDEM_BACKEND, else cpu); this build has:\n"
+        "                  %s. Checkpoints are the same files whichever backend wrote them\n",
+        td_backend_names());
 }
 
 static int td_cmd_train_args(int argc, char **argv);
