@@ -462,6 +462,22 @@ int main(void) {
     printf("%s against cpu (ref)\n", td_backend_name(g_ocl));
     test_memory();
     test_matmul();
+    {  // the other matmul kernel (a work-group per row where the device default is a row per work item)
+        td_backend *dflt = g_ocl, *other = NULL;
+        const char *want = getenv("TANDEM_OPENCL_MATMUL");
+        setenv("TANDEM_OPENCL_MATMUL", "groups", 1);
+        CHECK(td_backend_create(&bp, &other, &err) == TD_OK, "opencl backend with TANDEM_OPENCL_MATMUL=groups: %s", err.msg);
+        setenv("TANDEM_OPENCL_MATMUL", "rows", 1);
+        td_backend *rows = NULL;
+        CHECK(td_backend_create(&bp, &rows, &err) == TD_OK, "opencl backend with TANDEM_OPENCL_MATMUL=rows: %s", err.msg);
+        if (want) setenv("TANDEM_OPENCL_MATMUL", want, 1); else unsetenv("TANDEM_OPENCL_MATMUL");
+        for (int i = 0; i < 2; i++) {
+            g_ocl = i ? rows : other;
+            if (g_ocl) test_matmul();
+        }
+        g_ocl = dflt;
+        td_backend_free(other), td_backend_free(rows);
+    }
     test_elementwise();
     test_embed();
     test_kv_attention();

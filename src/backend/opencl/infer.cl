@@ -238,3 +238,47 @@ __kernel void td_get_rows(PTR(x), PTR(rows), PTR(y), int n) {
     if (i >= n) return;
     AT(float, y)[(ulong)j * n + i] = AT(const float, x)[(ulong)AT(const int, rows)[j] * n + i];
 }
+
+// The matmul for few tokens: one work item per (output row, MM_TOK tokens), the row walked in
+// 32-element blocks (a quantized block's scale read once), no local memory and no barriers.
+__kernel void td_matmul_rows(PTR(w), int wtype, ulong row_bytes, PTR(bias), int has_bias, PTR(x), PTR(y),
+                             int n_tok, int n_out, int n_in) {
+    const int o = get_global_id(0);
+    const int t0 = get_global_id(1) * MM_TOK;
+    if (o >= n_out) return;
+    const int nt = min(MM_TOK, n_tok - t0);
+    __global const uchar *row = AT(const uchar, w) + (ulong)o * row_bytes;
+    __global const float *xs = AT(const float, x) + (ulong)t0 * n_in;
+    float acc[MM_TOK];
+    for (int t = 0; t < MM_TOK; t++) acc[t] = 0.0f;
+    if (wtype == T_Q8_0 || wtype == T_Q4_0) {
+        const int nb = n_in >> 5, bb = wtype == T_Q8_0 ? 34 : 18;
+        for (int b = 0; b < nb; b++) {
+            __global const uchar *blk = row + (ulong)b * bb;
+            const float d = vload_half(0, (__global const half *)blk);
+            float wv[32];
+            if (wtype == T_Q8_0) {
+                for (int j = 0; j < 32; j++) wv[j] = d * (float)((__global const char *)blk)[2 + j];
+            } else {
+                for (int j = 0; j < 16; j++) {
+                    const uchar q = blk[2 + j];
+                    wv[j] = d * (float)((q & 15) - 8);
+                    wv[j + 16] = d * (float)((q >> 4) - 8);
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                __global const float *xt = xs + (ulong)t * n_in + b * 32;
+                float a = acc[t];
+                for (int j = 0; j < 32; j++) a = fma(wv[j], xt[j], a);
+                acc[t] = a;
+            }
+        }
+    } else {
+        for (int i = 0; i < n_in; i++) {
+            const float wv = wval(row, wtype, i);
+            for (int t = 0; t < nt; t++) acc[t] = fma(wv, xs[(ulong)t * n_in + i], acc[t]);
+        }
+    }
+    const float bv = has_bias ? AT(const float, bias)[o] : 0.0f;
+    for (int t = 0; t < nt; t++) AT(float, y)[(ulong)(t0 + t) * n_out + o] = acc[t] + bv;
+}
