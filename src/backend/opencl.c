@@ -459,7 +459,13 @@ td_status td_backend_opencl_create(const td_backend_params *p, td_backend **out,
     // RoPE's angles are computed in double, as the CPU kernels do; a device without fp64 gets
     // f32 angles (documented in docs/backends.md: positions past a few hundred then differ).
     const bool fp64 = strstr(ext, "cl_khr_fp64") != NULL;
-    const char *opts = fp64 ? "-cl-std=CL1.2 -DTD_FP64=1" : "-cl-std=CL1.2";
+    // Correctly rounded f32 division and sqrt where the device offers them (OpenCL allows 3 ulps
+    // otherwise): AdamW's update and RMSNorm then divide as the CPU does.
+    cl_device_fp_config fpc = 0;
+    clGetDeviceInfo(c->dev, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fpc, &fpc, NULL);
+    char opts[128];
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2%s%s", fp64 ? " -DTD_FP64=1" : "",
+             (fpc & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? " -cl-fp32-correctly-rounded-divide-sqrt" : "");
     c->prog = clCreateProgramWithSource(c->cx, (cl_uint)(sizeof td_opencl_source / sizeof *td_opencl_source),
                                         (const char **)td_opencl_source, NULL, &rc);
     if (!c->prog || (rc = clBuildProgram(c->prog, 1, &c->dev, opts, NULL, NULL)) != CL_SUCCESS) {

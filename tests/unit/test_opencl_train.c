@@ -92,6 +92,12 @@ static int close_to(const float *got, const float *want, size_t n, double tol, d
     if (worst) *worst = w;
     return ok;
 }
+// The fraction of got[i] within tol of want[i].
+static double frac_within(const float *got, const float *want, size_t n, double tol) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += fabs((double)got[i] - want[i]) <= tol;
+    return n ? (double)k / n : 1.0;
+}
 // got within C K u max|want| of want, and (when wrong is given) not within it of wrong.
 static void check_tensor(const char *what, const float *got, const float *want, const float *wrong, size_t n,
                          double C, double K) {
@@ -530,28 +536,44 @@ static void test_model(int variant, td_train_precision prec) {
     tp.lr = (td_lr_schedule){.max_lr = 1e-3f, .min_lr = 1e-4f, .warmup_steps = 1, .total_steps = 3};
     for (int j = 0; j < 2; j++) CHECK(td_trainer_create(tm[j], &tp, &tr[j], &err) == TD_OK, "trainer: %s", err.msg);
     if (!tr[0] || !tr[1]) goto done;
+    // FP32: the two backends differ by summation order only, so losses, norms, weights and moments
+    // stay within the f32 bounds (weights within a tenth of one update, 1e-4). BF16 rounds every
+    // matmul operand to bf16: an operand within f32 noise of a bf16 rounding midpoint rounds the
+    // other way on the other backend (a 2^-8 relative step), and through AdamW, whose first updates
+    // are about lr * sign(g), an element whose gradient is near zero can move by up to 2 lr per
+    // step. So for BF16: losses and norms within 2e-3 relative (a few flipped operands among
+    // ~10^5), every weight within 2 lr x 3 steps (6e-3), and at least 99% of them (measured
+    // > 99.9%) within 1e-4 as in FP32 — a wrong slot moves most weights, not a few.
+    const bool bf = prec == TD_TRAIN_BF16;
+    const double rel = bf ? 2e-3 : 1e-4;
     for (int step = 0; step < 3; step++) {
         td_step_stats ss[2];
         for (int j = 0; j < 2; j++)
             CHECK(td_trainer_step(tr[j], tok, tgt, &ss[j], &err) == TD_OK, "step: %s", err.msg);
-        CHECK(fabs(ss[1].loss - ss[0].loss) <= 1e-4 * ss[0].loss && fabs(ss[1].grad_norm - ss[0].grad_norm) <=
-                                                                       1e-4 * ss[0].grad_norm,
+        CHECK(fabs(ss[1].loss - ss[0].loss) <= rel * ss[0].loss && fabs(ss[1].grad_norm - ss[0].grad_norm) <=
+                                                                       rel * ss[0].grad_norm,
               "model %d %s step %d: loss %.9g vs %.9g, norm %.9g vs %.9g", variant, pn, step, ss[1].loss, ss[0].loss,
               ss[1].grad_norm, ss[0].grad_norm);
     }
     td_tmodel_params_to_host(tm[1]);
     td_tmodel_params_to_host(tm[0]);
     double dw = 0;
-    CHECK(close_to(td_tmodel_host_params(tm[1], NULL), td_tmodel_host_params(tm[0], NULL), n, 1e-4, &dw),
-          "model %d %s: weights after 3 steps differ by %.3g", variant, pn, dw);
-    // The moments too (their host view): m within 1e-3 of its max (v likewise).
+    const float *w1 = td_tmodel_host_params(tm[1], NULL), *w0 = td_tmodel_host_params(tm[0], NULL);
+    const double fw = frac_within(w1, w0, n, 1e-4);
+    CHECK(close_to(w1, w0, n, bf ? 2 * 1e-3 * 3 + 1e-6 : 1e-4, &dw) && fw >= (bf ? 0.99 : 1.0),
+          "model %d %s: weights after 3 steps differ by %.3g (%.4f of them within 1e-4)", variant, pn, dw, fw);
+    // The moments too (their host view): m within 1e-3 of its max (v likewise); for BF16, 99% of
+    // them, and every one within its max (m and v are bounded by max |g| and max g^2).
     td_adamw *o[2] = {td_trainer_adamw(tr[0]), td_trainer_adamw(tr[1])};
     for (int j = 0; j < 2; j++) td_adamw_state_to_host(o[j]);
-    const double mm = max_abs(td_adamw_host_m(o[0]), n), vm = max_abs(td_adamw_host_v(o[0]), n);
-    CHECK(close_to(td_adamw_host_m(o[1]), td_adamw_host_m(o[0]), n, 1e-3 * mm, NULL) &&
-              close_to(td_adamw_host_v(o[1]), td_adamw_host_v(o[0]), n, 1e-3 * vm, NULL),
-          "model %d %s: AdamW moments differ", variant, pn);
-    printf("model %d %s: weights after 3 steps within %.2g\n", variant, pn, dw);
+    const float *m0 = td_adamw_host_m(o[0]), *m1 = td_adamw_host_m(o[1]), *v0 = td_adamw_host_v(o[0]),
+                *v1 = td_adamw_host_v(o[1]);
+    const double mm = max_abs(m0, n), vm = max_abs(v0, n);
+    const double fm = frac_within(m1, m0, n, 1e-3 * mm), fv = frac_within(v1, v0, n, 1e-3 * vm);
+    CHECK(bf ? fm >= 0.99 && fv >= 0.99 && close_to(m1, m0, n, 2 * mm, NULL) && close_to(v1, v0, n, 2 * vm, NULL)
+             : fm == 1.0 && fv == 1.0,
+          "model %d %s: AdamW moments differ (%.4f of m, %.4f of v within 1e-3 of the max)", variant, pn, fm, fv);
+    printf("model %d %s: weights after 3 steps within %.2g, %.5f of them within 1e-4\n", variant, pn, dw, fw);
 done:
     for (int j = 0; j < 2; j++) {
         td_trainer_free(tr[j]);
