@@ -61,27 +61,42 @@ void td_adamw_free(td_adamw *o) {
     free(o);
 }
 
-void td_adamw_update(td_adamw *o, const td_tparam *tensors, int n_tensors, float lr,
-                     td_backend *be) {
+// The step's scalars (after the step count's increment), in f32 as every backend multiplies them.
+static td_adamw_args step_args(td_adamw *o, float lr, float *decay) {
     o->step++;
     const td_adamw_params *p = &o->p;
     const float bc1 = (float)(1.0 - pow(p->beta1, (double)o->step));
-    const float bc2_sqrt = (float)sqrt(1.0 - pow(p->beta2, (double)o->step));
-    const float step_size = lr / bc1;
-    const float decay = 1.0f - lr * p->weight_decay;
+    *decay = 1.0f - lr * p->weight_decay;
+    return (td_adamw_args){.step_size = lr / bc1,
+                           .bc2_sqrt = (float)sqrt(1.0 - pow(p->beta2, (double)o->step)),
+                           .beta1 = p->beta1,
+                           .beta2 = p->beta2,
+                           .eps = p->eps};
+}
+
+void td_adamw_update(td_adamw *o, const td_tparam *tensors, int n_tensors, float lr,
+                     td_backend *be) {
+    float decay;
+    const td_adamw_args base = step_args(o, lr, &decay);
     for (int i = 0; i < n_tensors; i++) {  // one slot call per tensor: the decay flag is per tensor
         const td_tparam *t = &tensors[i];
-        const td_adamw_args a = {.w = t->data,
-                                 .g = t->grad,
-                                 .m = o->m + t->offset,
-                                 .v = o->v + t->offset,
-                                 .n = t->rows * t->cols,
-                                 .decay = t->decay ? decay : 1.0f,
-                                 .step_size = step_size,
-                                 .bc2_sqrt = bc2_sqrt,
-                                 .beta1 = p->beta1,
-                                 .beta2 = p->beta2,
-                                 .eps = p->eps};
+        td_adamw_args a = base;
+        a.w = t->data, a.g = t->grad, a.m = o->m + t->offset, a.v = o->v + t->offset;
+        a.n = t->rows * t->cols;
+        a.decay = t->decay ? decay : 1.0f;
+        td_backend_adamw(be, &a);
+    }
+}
+
+void td_adamw_update_segs(td_adamw *o, const td_adamw_seg *segs, int n_segs, float lr, td_backend *be) {
+    float decay;
+    const td_adamw_args base = step_args(o, lr, &decay);
+    for (int i = 0; i < n_segs; i++) {
+        const td_adamw_seg *s = &segs[i];
+        TD_ASSERT(s->state_off <= o->n && (size_t)s->n <= o->n - s->state_off);
+        td_adamw_args a = base;
+        a.w = s->w, a.g = s->g, a.m = o->m + s->state_off, a.v = o->v + s->state_off, a.n = s->n;
+        a.decay = s->decay ? decay : 1.0f;
         td_backend_adamw(be, &a);
     }
 }

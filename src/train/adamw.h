@@ -41,6 +41,18 @@ void td_adamw_free(td_adamw *o);  // NULL is fine
 void td_adamw_update(td_adamw *o, const td_tparam *tensors, int n_tensors, float lr,
                      td_backend *be);
 
+// The same step over arbitrary segments instead of whole tensors: a ZeRO shard's pieces. Segment
+// i updates w[0, n) from g[0, n) with m and v at [state_off, state_off + n) of this state (whose
+// size is then the shard's, not the model's); decay per segment (a segment lies in one tensor).
+typedef struct td_adamw_seg {
+    float *w;
+    const float *g;
+    size_t state_off;  // elements into m and v
+    int64_t n;
+    int decay;
+} td_adamw_seg;
+void td_adamw_update_segs(td_adamw *o, const td_adamw_seg *segs, int n_segs, float lr, td_backend *be);
+
 // m and v ([n_params] each) where the update reads them: host arrays for td_adamw_create or a
 // host backend, the backend's addresses otherwise.
 float *td_adamw_m(td_adamw *o);

@@ -37,6 +37,9 @@ typedef struct layer_acts {  // one layer's saved activations, [N, *] with N = B
 } layer_acts;
 
 struct td_tmodel {
+    td_tmodel_grad_hook_fn grad_hook;  // td_tmodel_set_grad_hook, or NULL
+    void *grad_hook_ctx;
+    size_t *layer_off;  // [L + 1] element offset of layer l's first tensor; [L]: model.norm.weight's
     td_model_config c;
     td_tmodel_params p;
     int N, D, qd, kvd, F, V, L;
@@ -224,6 +227,7 @@ static void layout(sizer *s) {
     tm->pw.tok_embd = add_tensor(s, "model.embed_tokens.weight", V, D, 1);
     for (int l = 0; l < tm->L; l++) {
         layer_params lp = {0};
+        if (s->fill) tm->layer_off[l] = s->off;
 #define T(field, suffix, r, cl, dec)                          \
     snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix); \
     lp.field = add_tensor(s, nm, r, cl, dec);
@@ -252,6 +256,7 @@ static void layout(sizer *s) {
 #undef T
         if (s->fill) tm->pw.l[l] = lp;
     }
+    if (s->fill) tm->layer_off[tm->L] = s->off;
     tm->pw.out_norm = add_tensor(s, "model.norm.weight", 1, D, 0);
     if (!c->tie_embeddings)
         tm->pw.output = add_tensor(s, "lm_head.weight", V, D, 1);
@@ -418,6 +423,7 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     const int n_blocks = p.recompute ? 1 : tm->L;
     tm->tensors = calloc((size_t)s.n, sizeof *tm->tensors);
     tm->pw.l = calloc((size_t)tm->L, sizeof *tm->pw.l);
+    tm->layer_off = calloc((size_t)tm->L + 1, sizeof *tm->layer_off);
     tm->gw.l = calloc((size_t)tm->L, sizeof *tm->gw.l);
     tm->res = calloc((size_t)tm->L + 1, sizeof *tm->res);
     tm->la = calloc((size_t)n_blocks, sizeof *tm->la);
@@ -449,7 +455,7 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
         tm->host_logits = malloc(N * (size_t)tm->V * sizeof(float));
         tm->host_losses = malloc(N * sizeof(float));
     }
-    if (!tm->tensors || !tm->pw.l || !tm->gw.l || !tm->res || !tm->la || !tm->params ||
+    if (!tm->tensors || !tm->pw.l || !tm->layer_off || !tm->gw.l || !tm->res || !tm->la || !tm->params ||
         !tm->grads || (p.precision == TD_TRAIN_BF16 && !tm->wbf) || !tm->acts || !tm->tokens ||
         !tm->blk_ids || !tm->b_freq || !ints || !tm->host || (!tm->host_be && (!tm->host_logits || !tm->host_losses))) {
         free(ints);
@@ -489,6 +495,7 @@ void td_tmodel_free(td_tmodel *tm) {
     if (!tm) return;
     free(tm->tensors);
     free(tm->pw.l);
+    free(tm->layer_off);
     free(tm->gw.l);
     free(tm->res);
     free(tm->la);
@@ -522,6 +529,7 @@ float *td_tmodel_params_buf(td_tmodel *tm, size_t *n) {
     if (n) *n = tm->n_params;
     return tm->params;
 }
+td_buffer *td_tmodel_grads_buffer(td_tmodel *tm) { return tm->b_grads; }
 float *td_tmodel_grads_buf(td_tmodel *tm, size_t *n) {
     if (n) *n = tm->n_params;
     return tm->grads;
@@ -820,14 +828,24 @@ td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err) {
     td_backend_xent(tm->be, &x);  // logits -> dlogits
     mm_bwd(tm, tm->pw.output, tm->xnf, tm->logits, tm->dxn, tm->gw.output, NULL, V, D, 0, 0);
     rmsnorm_bwd(tm, tm->res[tm->L], tm->pw.out_norm, tm->dxn, tm->dres, tm->gw.out_norm, N, D, 0);
+    // The hook hears of each range as its last contribution is issued (the slots before it are
+    // in the backend's stream order): the head, layers L-1 .. 0, the embedding.
+    if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, tm->layer_off[tm->L], tm->n_params - tm->layer_off[tm->L]);
     for (int l = tm->L - 1; l >= 0; l--) {
         // With recomputation the one activation block holds the last layer run: rerun layer l
         // from its saved input (this also rewrites res[l + 1] with the same values).
         if (tm->p.recompute && l != tm->L - 1) layer_forward(tm, l, acts_of(tm, l));
         layer_backward(tm, l, acts_of(tm, l));
+        if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, tm->layer_off[l], tm->layer_off[l + 1] - tm->layer_off[l]);
     }
     td_embed_bwd_args eb = {
         .tokens = tm->tokens, .dy = tm->dres, .dtable = tm->gw.tok_embd, .n_tok = N, .dim = D};
     td_backend_embed_bwd(tm->be, &eb);
+    if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, 0, tm->layer_off[0]);
     return TD_OK;
+}
+
+void td_tmodel_set_grad_hook(td_tmodel *tm, td_tmodel_grad_hook_fn fn, void *ctx) {
+    tm->grad_hook = fn;
+    tm->grad_hook_ctx = ctx;
 }

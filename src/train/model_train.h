@@ -87,6 +87,7 @@ const td_tparam *td_tmodel_find(const td_tmodel *tm, const char *name);  // NULL
 // The parameter and gradient buffers (backend addresses; host arrays on a host backend).
 float *td_tmodel_params_buf(td_tmodel *tm, size_t *n);  // n: elements (both buffers)
 float *td_tmodel_grads_buf(td_tmodel *tm, size_t *n);
+td_buffer *td_tmodel_grads_buffer(td_tmodel *tm);  // the backend buffer behind td_tmodel_grads_buf
 // The backend every slot runs on (p.backend, or the model's own): borrowed, valid until
 // td_tmodel_free. The optimizer and clipping run on it too (trainer.h).
 td_backend *td_tmodel_backend(td_tmodel *tm);
@@ -129,5 +130,15 @@ const float *td_tmodel_logits(const td_tmodel *tm);
 // Backward of the last forward (which must have had targets): ADDS d(dscale * sum of losses)/dθ to
 // the gradient buffer. dscale is 1/(counted targets over all micro-batches of the step) for a mean.
 td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err);
+
+// Told, during td_tmodel_backward, each time a range [off, off + n) of the gradient buffer (in
+// elements) has had its last contribution of this backward issued on the backend: the final norm
+// and the head first (through the end of the buffer), then layer L-1 down to layer 0, then the
+// embedding table (offset 0). The ranges are disjoint, together cover the buffer, and come in
+// descending order of offset, so adjacent ones merge into contiguous buckets (data-parallel
+// training starts each bucket's all-reduce there, while backward goes on). On a device backend the
+// slots may still be running: synchronize before the host reads the range. NULL fn removes it.
+typedef void (*td_tmodel_grad_hook_fn)(void *ctx, size_t off, size_t n);
+void td_tmodel_set_grad_hook(td_tmodel *tm, td_tmodel_grad_hook_fn fn, void *ctx);
 
 #endif

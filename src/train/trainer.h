@@ -9,18 +9,30 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "dist/comm.h"
 #include "train/adamw.h"
 #include "train/lr.h"
 #include "train/model_train.h"
 
+// Gradient bucket size for data parallelism (elements; 6.5 M f32 = 25 MiB, PyTorch DDP's default).
+#define TD_TRAINER_BUCKET_ELEMS ((size_t)25 << 18)
+
 typedef struct td_trainer_params {
-    int grad_accum;     // micro-batches per step (>= 1)
+    int grad_accum;     // micro-batches per step (>= 1) on this rank
     float grad_clip;    // max global L2 norm of the gradient; <= 0: no clipping
     td_lr_schedule lr;  // per-step learning rate
     td_adamw_params adam;
+    // Data parallelism: the group of ranks training one model (borrowed; NULL or size 1: this rank
+    // alone). Every rank calls td_trainer_step with its own micro-batches; gradients are reduced in
+    // buckets of bucket_elems (0: TD_TRAINER_BUCKET_ELEMS) overlapping backward. A host backend
+    // is required (the communicator moves host memory).
+    td_comm *comm;
+    int zero;             // 0: all-reduce; 1: ZeRO-1 (optimizer state sharded); 2: ZeRO-2 (and the accumulator)
+    size_t bucket_elems;
 } td_trainer_params;
 
-// grad_accum 1, clip 1.0, lr 3e-4 -> 3e-5 with 100 warm-up steps of 10000, AdamW defaults.
+// grad_accum 1, clip 1.0, lr 3e-4 -> 3e-5 with 100 warm-up steps of 10000, AdamW defaults, one
+// rank, ZeRO 0, 25 MiB buckets.
 td_trainer_params td_trainer_default_params(void);
 
 typedef struct td_step_stats {
@@ -28,7 +40,9 @@ typedef struct td_step_stats {
     double grad_norm;  // global L2 norm before clipping
     float lr;          // learning rate used
     long step;         // 0-based index of the step just taken
-    long n_targets;    // counted targets in the step
+    long n_targets;    // counted targets in the step (over every rank)
+    int world_size;    // data-parallel ranks
+    double comm_wait_s;  // seconds blocked on gradient reduction after backward (the part not hidden)
 } td_step_stats;
 
 typedef struct td_trainer td_trainer;
@@ -46,6 +60,17 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
                           td_step_stats *stats, td_err *err);
 
 td_adamw *td_trainer_adamw(td_trainer *t);  // borrowed (checkpoints save and restore its state)
+
+// What this rank holds, in bytes (reported at start-up). The ZeRO paper's accounting for Adam in
+// f32 with N ranks: parameters 4 P, gradients 4 P, optimizer state (m, v) 8 P, and with ZeRO-1 or
+// 2 the optimizer state 8 P / N (n_owned ~ P / N); ZeRO-2's accumulator (grad_accum > 1) 4 P / N
+// instead of 4 P. BF16 adds the bf16-rounded weight copy (kept as f32 here: 4 P).
+typedef struct td_trainer_memory {
+    int world, zero;
+    size_t n_params, n_owned;  // parameters; those this rank updates (all of them without ZeRO)
+    size_t params_bytes, grads_bytes, accum_bytes, optim_bytes;
+} td_trainer_memory;
+td_trainer_memory td_trainer_memory_of(const td_trainer *t);
 long td_trainer_step_count(const td_trainer *t);  // steps taken (== the optimizer's count)
 
 #endif
