@@ -471,13 +471,14 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
     } else {
         // Owned sums of squares, gathered, added in (bucket, rank) order; tails (the same on every
         // rank) once per bucket.
-        const float *src = t->b_acc ? acc(t) : NULL;
+        const float *src = t->b_acc && t->p.zero == 2 ? acc(t) : NULL;  // the shard accumulator
+        const float *full = t->b_acc && t->p.zero == 1 ? acc(t) : g;        // else a full-size gradient
         double *mine = t->bucket_ss + (size_t)t->rank * t->n_buckets;
         for (int b = 0; b < t->n_buckets; b++) {
             const bucket *k = &t->buckets[b];
             const size_t tail = k->n - k->count * (size_t)t->world;
-            const float *blk = src ? src + k->shard_off : g + k->lo + (size_t)t->rank * k->count;
-            const float *tl = src ? src + k->shard_off + k->count : g + k->lo + k->count * (size_t)t->world;
+            const float *blk = src ? src + k->shard_off : full + k->lo + (size_t)t->rank * k->count;
+            const float *tl = src ? src + k->shard_off + k->count : full + k->lo + k->count * (size_t)t->world;
             mine[b] = k->count ? sumsq(t, blk, k->count) : 0.0;
             t->bucket_tail[b] = tail ? sumsq(t, tl, tail) : 0.0;
         }
