@@ -26,7 +26,7 @@
 
 static const char *const PROF_NAMES[TD_PROF_N] = {"matmul (1 token)", "matmul (batch)", "rmsnorm", "rope", "kv_write",
                                                    "attention", "silu_mul", "embed", "add", "get_rows",
-                                                   "backward", "optimizer"};
+                                                   "backward", "optimizer", "bf16 gemm", "bf16 pack"};
 
 void td_backend_free(td_backend *be) {
     if (!be) return;
@@ -237,6 +237,16 @@ void td_backend_adamw(td_backend *be, const td_adamw_args *a) {
     TD_ASSERT(be->iface->adamw != NULL && a->n >= 0);
     if (a->n == 0) return;
     PROFILED(be, TD_PROF_OPTIM, be->iface->adamw(be->ctx, a));
+}
+
+bool td_backend_has_bf16_gemm(const td_backend *be) { return be->iface->bf16_pack && be->iface->bf16_gemm; }
+void td_backend_bf16_pack(td_backend *be, const td_bf16_pack_args *a) {
+    TD_ASSERT(be->iface->bf16_pack != NULL && a->rows > 0 && a->cols > 0 && ((uintptr_t)a->dst & 63) == 0);
+    PROFILED(be, TD_PROF_BF16_PACK, be->iface->bf16_pack(be->ctx, a));
+}
+void td_backend_bf16_gemm(td_backend *be, const td_bf16_gemm_args *a) {
+    TD_ASSERT(be->iface->bf16_gemm != NULL && a->m > 0 && a->n > 0 && a->k > 0 && ((uintptr_t)a->b & 63) == 0);
+    PROFILED(be, TD_PROF_BF16_GEMM, be->iface->bf16_gemm(be->ctx, a));
 }
 
 int td_backend_n_slices(const td_backend *be) { return be->n_slices > 0 ? be->n_slices : 1; }

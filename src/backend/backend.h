@@ -110,6 +110,11 @@ typedef struct td_backend_iface {
     void (*sumsq)(void *ctx, const td_sumsq_args *a);
     void (*scale)(void *ctx, const td_scale_args *a);
     void (*adamw)(void *ctx, const td_adamw_args *a);
+    // Optional, the BF16 training GEMM (kernels/backward.h): bf16_pack packs an f32 matrix as a B
+    // operand, bf16_gemm multiplies with f32 accumulation. NULL (both): the trainer rounds the
+    // operands with round_bf16 and multiplies them with matmul / mm_bwd in f32.
+    void (*bf16_pack)(void *ctx, const td_bf16_pack_args *a);
+    void (*bf16_gemm)(void *ctx, const td_bf16_gemm_args *a);
     // Optional packed weight layouts (kernels.h, TD_PACK_*): bytes of w's packed copy (0: none),
     // and writing it into dst (64-byte aligned); returns the layout for w->packing.
     size_t (*pack_bytes)(void *ctx, const td_tensor *w);
@@ -131,7 +136,7 @@ typedef struct td_backend_iface {
 // td_backend_free prints the totals per slot to stderr: where a forward's time goes.
 enum { TD_PROF_MATMUL_1, TD_PROF_MATMUL_N, TD_PROF_RMSNORM, TD_PROF_ROPE, TD_PROF_KV_WRITE, TD_PROF_ATTENTION,
        TD_PROF_SILU_MUL, TD_PROF_EMBED, TD_PROF_ADD, TD_PROF_GET_ROWS, TD_PROF_BACKWARD, TD_PROF_OPTIM,
-       TD_PROF_N };
+       TD_PROF_BF16_GEMM, TD_PROF_BF16_PACK, TD_PROF_N };
 
 typedef struct td_backend {
     const td_backend_iface *iface;
@@ -210,6 +215,12 @@ void td_backend_xent(td_backend *be, const td_xent_args *a);
 void td_backend_sumsq(td_backend *be, const td_sumsq_args *a);
 void td_backend_scale(td_backend *be, const td_scale_args *a);
 void td_backend_adamw(td_backend *be, const td_adamw_args *a);
+// The BF16 training GEMM's slots (optional: td_backend_has_bf16_gemm says whether both exist;
+// the wrappers assert it). b's packed buffer and c must be 64-byte aligned / f32 arrays in the
+// backend's memory, as every slot's.
+bool td_backend_has_bf16_gemm(const td_backend *be);
+void td_backend_bf16_pack(td_backend *be, const td_bf16_pack_args *a);
+void td_backend_bf16_gemm(td_backend *be, const td_bf16_gemm_args *a);
 // Worker slices the backend splits work into (the CPU: its pool's threads). Callers size
 // per-slice scratch with it (attention_bwd's scratch rows, sumsq's partial sums).
 int td_backend_n_slices(const td_backend *be);

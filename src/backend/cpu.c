@@ -14,11 +14,13 @@
 #include "backend/dnnl_bf16.h"
 #include "base/log.h"
 #include "base/threadpool.h"
+#include "kernels/x86/train_bf16.h"
 
 typedef struct cpu_ctx {
     td_pool *pool;
     const td_kernels *k;
     td_dnnl_bf16 *dnnl;  // TANDEM_GEMM=dnnl: oneDNN for BF16 prefill, else NULL
+    int bf16_x86;        // the training BF16 GEMM on AVX-512 BF16 (else the reference loops)
 } cpu_ctx;
 
 enum { DNNL_MIN_TOKENS = 16 };  // smaller batches stay on the tiles (decode, batched decode)
@@ -91,6 +93,33 @@ CPU_BWD(xent, td_xent_args, td_ref_xent)
 CPU_BWD(sumsq, td_sumsq_args, td_ref_sumsq)
 CPU_BWD(scale, td_scale_args, td_ref_scale)
 CPU_BWD(adamw, td_adamw_args, td_ref_adamw)
+
+// The BF16 training GEMM: AVX-512 BF16 where the CPU has it and the kernel set is not "ref",
+// else the reference loops (same layouts, so the trainer never knows which ran).
+CPU_BWD(bf16_pack_ref, td_bf16_pack_args, td_ref_bf16_pack)
+CPU_BWD(bf16_gemm_ref, td_bf16_gemm_args, td_ref_bf16_gemm)
+#ifdef TD_KERNELS_X86
+CPU_BWD(bf16_pack_x86, td_bf16_pack_args, td_x86_bf16_pack)
+CPU_BWD(bf16_gemm_x86, td_bf16_gemm_args, td_x86_bf16_gemm)
+#endif
+static void cpu_bf16_pack(void *ctx_, const td_bf16_pack_args *a) {
+#ifdef TD_KERNELS_X86
+    if (((cpu_ctx *)ctx_)->bf16_x86) {
+        cpu_bf16_pack_x86(ctx_, a);
+        return;
+    }
+#endif
+    cpu_bf16_pack_ref(ctx_, a);
+}
+static void cpu_bf16_gemm(void *ctx_, const td_bf16_gemm_args *a) {
+#ifdef TD_KERNELS_X86
+    if (((cpu_ctx *)ctx_)->bf16_x86) {
+        cpu_bf16_gemm_x86(ctx_, a);
+        return;
+    }
+#endif
+    cpu_bf16_gemm_ref(ctx_, a);
+}
 
 static void cpu_mm_bwd(void *ctx, const td_mm_bwd_args *a) {
     if (a->dx) cpu_mm_bwd_x(ctx, a);
@@ -194,6 +223,8 @@ static const td_backend_iface cpu_iface = {
     .sumsq = cpu_sumsq,
     .scale = cpu_scale,
     .adamw = cpu_adamw,
+    .bf16_pack = cpu_bf16_pack,
+    .bf16_gemm = cpu_bf16_gemm,
     .pack_bytes = cpu_pack_bytes,
     .pack = cpu_pack,
     .buft = cpu_buft,
@@ -221,6 +252,9 @@ td_status td_backend_cpu_create(const td_backend_cpu_params *p, td_backend **out
     }
     ctx->pool = pool;
     ctx->k = k;
+#ifdef TD_KERNELS_X86
+    ctx->bf16_x86 = td_x86_train_bf16_available() && strcmp(k->name, "ref") != 0;
+#endif
     const char *gemm = getenv("TANDEM_GEMM");
     if (gemm && !strcmp(gemm, "dnnl")) {
         td_err e2;

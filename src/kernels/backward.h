@@ -8,6 +8,7 @@
 #ifndef TD_KERNELS_BACKWARD_H
 #define TD_KERNELS_BACKWARD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 // Rounds f32 to the nearest bf16 (ties to even) and back: the value a bf16 operand carries.
@@ -118,6 +119,51 @@ typedef struct td_xent_args {
     int want_grad;  // 0: leave logits untouched (loss only)
 } td_xent_args;
 void td_ref_xent(const td_xent_args *a, int ith, int nth);
+
+// ---- BF16 GEMM for mixed-precision training: C (= or +=) A B (+ bias) with A and B rounded to
+// bf16 (nearest even) and every product accumulated in f32, pair by pair along k (what one lane of
+// AVX512-BF16's vdpbf16ps does). The three products of a linear layer y = x W^T map onto it:
+//   forward  y[N, out]   = x[N, in] W^T:   A = x (rows),     B = W packed NK (k = in,  n = out)
+//   dx[N, in]           (+)= dy[N, out] W: A = dy (rows),    B = W packed KN (k = out, n = in)
+//   dW[out, in]          += dy^T x:        A = dy^T (trans), B = x packed KN (k = N,   n = in)
+// B is packed once (weights: per forward; activations: per use) into 16-column groups of bf16
+// pairs; A is read as f32 and rounded in the kernel, a tile at a time, so no bf16 copy of the
+// activations (or of the N x vocab logits' gradient) is ever stored.
+
+// B's layout: for each group g of 16 columns n (the last one zero-padded) and each pair p of k
+// (k odd: the last pair's second element zero), 16 lanes x (bf16 B[2p, 16g + j], bf16 B[2p + 1,
+// 16g + j]) as 32-bit words, low half first: 64 bytes; group g starts at byte g * ceil(k/2) * 64.
+// Packing src[rows, cols] (row-major f32): kn 0 takes B = src^T (k = cols, n = rows: a weight
+// W[out, in] for x W^T); kn 1 takes B = src (k = rows, n = cols). Split over groups.
+typedef struct td_bf16_pack_args {
+    const float *src;  // [rows, cols]
+    void *dst;         // td_bf16_pack_bytes(rows, cols, kn) bytes, 64-byte aligned
+    int rows, cols;
+    int kn;
+} td_bf16_pack_args;
+static inline size_t td_bf16_pack_bytes(int rows, int cols, int kn) {
+    const int n = kn ? cols : rows, k = kn ? rows : cols;
+    return (size_t)((n + 15) / 16) * (size_t)((k + 1) / 2) * 64;
+}
+void td_ref_bf16_pack(const td_bf16_pack_args *a, int ith, int nth);
+
+// c[m, n] = (accumulate ? c : 0) + sum over pairs p ascending of (A[i, 2p] B[2p, j] + A[i, 2p+1]
+// B[2p+1, j]) (+ bias[j], added last), with A = bf16(a) (trans_a 0: a is [m, k]; 1: a is [k, m]
+// and A = a^T) and B packed as above. The pair's two products and their order within the pair are
+// the hardware's (exact products, f32 sums; bf16 denormals may flush to zero), so kernels agree
+// within f32 summation error, not bit for bit. Rows of c are written by one slice each; the split
+// (over 16-column groups, or rows when the groups are few) never changes a sum, so results do not
+// depend on nth. c must not alias a or b.
+typedef struct td_bf16_gemm_args {
+    const float *a;     // trans_a 0: [m, k]; 1: [k, m]
+    const void *b;      // packed [k, n] (td_bf16_pack_args)
+    float *c;           // [m, n]
+    const float *bias;  // [n] or NULL
+    int m, n, k;
+    int trans_a;
+    int accumulate;
+} td_bf16_gemm_args;
+void td_ref_bf16_gemm(const td_bf16_gemm_args *a, int ith, int nth);
 
 // ---- The optimizer's kernels (src/kernels/ref/optim.c): the gradient's global norm, clipping by
 // it, and AdamW. Per element, so any split gives the same values; the sum of squares is the one

@@ -76,8 +76,21 @@ struct td_tmodel {
     float *dkn;          // [N, kvd] d(k before qk-norm) (only with qk_norm)
     float *rstd;         // [N * max(nh, 1)]
     float *att_scratch;  // [n_slices, T] attention backward: one softmax row per slice
-    float *xr, *dyr;     // BF16 only: [N, max(D, F, qd)] matmul operands rounded to bf16
-    float *wbf;          // BF16 only: [n_params] the parameters rounded to bf16, per forward
+    float *xr, *dyr;     // BF16 without bf16 GEMM slots: [N, max(D, F, qd)] operands rounded to bf16
+    float *wbf;          // BF16 without bf16 GEMM slots: [n_params] the parameters rounded to bf16
+    // BF16 with the backend's bf16 GEMM slots (bf16_gemm): every matmul weight packed twice per
+    // step, NK for the forward and KN for dx (td_bf16_pack_args), in b_wbf; and one activation
+    // packed KN for dW (xkn: [N, max(D, F, qd)] in b_xkn; xkn_src: whose it holds, or NULL).
+    int bfg;
+    struct bf16_weight {
+        const float *w;   // the parameter (master weights, f32)
+        int rows, cols;   // [out, in]
+        size_t nk, kn;    // byte offsets of its packed copies in b_wbf
+    } *bfw;
+    int n_bfw;
+    size_t bfw_bytes;
+    td_buffer *b_xkn;
+    const float *xkn_src;
     int32_t *tokens, *targets, *pos, *negpos, *seq_id;  // [N]
     int32_t *blk_ids;                                   // [B] flat block table: sequence b is block b
     int have_fwd, have_targets;
@@ -105,10 +118,60 @@ static const float *wbf_of(const td_tmodel *tm, const float *w) {
     return tm->wbf + (w - tm->params);
 }
 
+// ---- BF16 through the backend's bf16 GEMM (tm->bfg)
+
+// The matmul weights in the order the model uses them, [out, in] each: per layer q, k, v, o,
+// gate, up, down; then the head. Fills tm->bfw when it is set; returns the count.
+static int bf16_weights(td_tmodel *tm) {
+    int n = 0;
+#define W(ptr, r, c)                                                           \
+    do {                                                                       \
+        if (tm->bfw) tm->bfw[n].w = (ptr), tm->bfw[n].rows = (r), tm->bfw[n].cols = (c); \
+        n++;                                                                   \
+    } while (0)
+    for (int l = 0; l < tm->L; l++) {
+        const layer_params *w = tm->pw.l ? &tm->pw.l[l] : NULL;
+        W(w ? w->wq : NULL, tm->qd, tm->D);
+        W(w ? w->wk : NULL, tm->kvd, tm->D);
+        W(w ? w->wv : NULL, tm->kvd, tm->D);
+        W(w ? w->wo : NULL, tm->D, tm->qd);
+        W(w ? w->w_gate : NULL, tm->F, tm->D);
+        W(w ? w->w_up : NULL, tm->F, tm->D);
+        W(w ? w->w_down : NULL, tm->D, tm->F);
+    }
+    W(tm->pw.output, tm->V, tm->D);
+#undef W
+    return n;
+}
+
+// Packs every matmul weight as the forward's B (kn 0: NK) or dx's (kn 1: KN).
+static void bf16_pack_weights(td_tmodel *tm, int kn) {
+    for (int i = 0; i < tm->n_bfw; i++) {
+        const struct bf16_weight *b = &tm->bfw[i];
+        td_bf16_pack_args a = {.src = b->w, .dst = (char *)tm->wbf + (kn ? b->kn : b->nk), .rows = b->rows,
+                               .cols = b->cols, .kn = kn};
+        td_backend_bf16_pack(tm->be, &a);
+    }
+}
+
+static const void *bf16_packed(const td_tmodel *tm, const float *w, int kn) {
+    for (int i = 0; i < tm->n_bfw; i++)
+        if (tm->bfw[i].w == w) return (const char *)tm->wbf + (kn ? tm->bfw[i].kn : tm->bfw[i].nk);
+    TD_ASSERT(!"bf16: not a matmul weight");
+    return NULL;
+}
+
 // y[N, n_out] = x W^T + b with the inference forward's matmul slot. BF16: x and W rounded to bf16
-// first (bf16 products, f32 accumulation; the bias stays f32).
+// first (bf16 products, f32 accumulation; the bias stays f32): by the backend's bf16 GEMM when it
+// has one (x rounded inside, W packed once per forward), else rounded copies and the f32 slot.
 static void mm(td_tmodel *tm, const float *w, const float *b, const float *x, float *y, int n_out,
                int n_in) {
+    if (tm->bfg) {
+        tm->xkn_src = NULL;  // the forward may overwrite any activation
+        td_bf16_gemm_args g = {.a = x, .b = bf16_packed(tm, w, 0), .c = y, .bias = b, .m = tm->N, .n = n_out, .k = n_in};
+        td_backend_bf16_gemm(tm->be, &g);
+        return;
+    }
     if (is_bf16(tm)) {
         round_bf16(tm, x, tm->xr, (size_t)tm->N * n_in);
         x = tm->xr;
@@ -133,6 +196,29 @@ static void mm(td_tmodel *tm, const float *w, const float *b, const float *x, fl
 // rounded to bf16 first (dy in place when dy_scratch is 0: the caller no longer needs it exact).
 static void mm_bwd(td_tmodel *tm, const float *w, const float *x, float *dy, float *dx, float *dw,
                    float *db, int n_out, int n_in, int accumulate, int dy_scratch) {
+    if (tm->bfg) {  // dx = dy W (W packed KN per backward); dW += dy^T x (x packed KN, reused
+                    // by consecutive calls on the same x: q/k/v, gate/up); db from the exact dy
+        if (dx) {
+            td_bf16_gemm_args g = {.a = dy, .b = bf16_packed(tm, w, 1), .c = dx, .m = tm->N, .n = n_in, .k = n_out,
+                                   .accumulate = accumulate};
+            td_backend_bf16_gemm(tm->be, &g);
+        }
+        if (dw) {
+            if (tm->xkn_src != x) {
+                td_bf16_pack_args pa = {.src = x, .dst = tm->b_xkn->base, .rows = tm->N, .cols = n_in, .kn = 1};
+                td_backend_bf16_pack(tm->be, &pa);
+                tm->xkn_src = x;
+            }
+            td_bf16_gemm_args g = {.a = dy, .b = tm->b_xkn->base, .c = dw, .m = n_out, .n = n_in, .k = tm->N,
+                                   .trans_a = 1, .accumulate = 1};
+            td_backend_bf16_gemm(tm->be, &g);
+        }
+        if (db) {
+            td_mm_bwd_args a = {.dy = dy, .db = db, .n_tok = tm->N, .n_out = n_out, .n_in = n_in};
+            td_backend_mm_bwd(tm->be, &a);
+        }
+        return;
+    }
     const float *dyo = dy;
     if (is_bf16(tm)) {
         round_bf16(tm, x, tm->xr, (size_t)tm->N * n_in);
@@ -325,7 +411,7 @@ static size_t carve_acts(td_tmodel *tm, float *base) {
     if (tm->c.qk_norm) TAKE(tm->dkn, N * kvd);
     TAKE(tm->rstd, N * (size_t)nh);
     TAKE(tm->att_scratch, (size_t)tm->n_slices * tm->p.seq_len);
-    if (tm->p.precision == TD_TRAIN_BF16) {
+    if (tm->p.precision == TD_TRAIN_BF16 && !tm->bfg) {
         size_t wmax = D > F ? D : F;
         wmax = wmax > qd ? wmax : qd;
         TAKE(tm->xr, N * wmax);
@@ -416,6 +502,27 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
         return st;
     }
     tm->n_slices = td_backend_n_slices(tm->be);
+    // BF16 on the backend's bf16 GEMM where it has one (the oneDNN GEMM keeps its f32 path).
+    tm->bfg = p.precision == TD_TRAIN_BF16 && p.gemm == TD_TRAIN_GEMM_KERNELS && td_backend_has_bf16_gemm(tm->be);
+    size_t xkn_bytes = 0;
+    if (tm->bfg) {
+        tm->n_bfw = bf16_weights(tm);  // count (views not set yet)
+        tm->bfw = calloc((size_t)tm->n_bfw, sizeof *tm->bfw);
+        if (!tm->bfw) {
+            td_tmodel_free(tm);
+            return td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
+        }
+        bf16_weights(tm);  // shapes (pointers after the layout)
+        for (int i = 0; i < tm->n_bfw; i++) {
+            struct bf16_weight *b = &tm->bfw[i];
+            b->nk = tm->bfw_bytes;
+            tm->bfw_bytes += td_bf16_pack_bytes(b->rows, b->cols, 0);
+            b->kn = tm->bfw_bytes;
+            tm->bfw_bytes += td_bf16_pack_bytes(b->rows, b->cols, 1);
+        }
+        const int in_max = tm->D > tm->F ? (tm->D > tm->qd ? tm->D : tm->qd) : (tm->F > tm->qd ? tm->F : tm->qd);
+        xkn_bytes = td_bf16_pack_bytes(tm->N, in_max, 1);
+    }
     sizer s = {.tm = tm};
     layout(&s);
     tm->n_tensors = s.n;
@@ -433,7 +540,9 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     if (td_backend_alloc(tm->be, tm->n_params * sizeof(float), "train parameters", &tm->b_params, &e2) == TD_OK &&
         td_backend_alloc(tm->be, tm->n_params * sizeof(float), "train gradients", &tm->b_grads, &e2) == TD_OK &&
         (p.precision != TD_TRAIN_BF16 ||
-         td_backend_alloc(tm->be, tm->n_params * sizeof(float), "train bf16 weights", &tm->b_wbf, &e2) == TD_OK) &&
+         td_backend_alloc(tm->be, tm->bfg ? tm->bfw_bytes : tm->n_params * sizeof(float), "train bf16 weights",
+                          &tm->b_wbf, &e2) == TD_OK) &&
+        (!tm->bfg || td_backend_alloc(tm->be, xkn_bytes, "train bf16 activations", &tm->b_xkn, &e2) == TD_OK) &&
         td_backend_alloc(tm->be, n_acts * sizeof(float), "train activations", &tm->b_acts, &e2) == TD_OK &&
         td_backend_alloc(tm->be, (5 * N + (size_t)p.batch) * sizeof(int32_t), "train inputs", &tm->b_ints, &e2) ==
             TD_OK &&
@@ -468,6 +577,7 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
     s = (sizer){.tm = tm, .fill = 1};
     layout(&s);
     make_grad_views(tm);
+    if (tm->bfg) bf16_weights(tm);  // the weights' addresses, now that the views exist
     carve_acts(tm, tm->acts);
     if (tm->host_be) {
         tm->host_logits = tm->logits;
@@ -502,6 +612,8 @@ void td_tmodel_free(td_tmodel *tm) {
     td_buffer_free(tm->b_params);
     td_buffer_free(tm->b_grads);
     td_buffer_free(tm->b_wbf);
+    td_buffer_free(tm->b_xkn);
+    free(tm->bfw);
     td_buffer_free(tm->b_acts);
     td_buffer_free(tm->b_ints);
     td_buffer_free(tm->b_freq);
@@ -724,7 +836,10 @@ td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t 
                               targets[i], V);
     }
     td_buffer_set(tm->b_ints, 0, tokens, (size_t)N * sizeof(int32_t));  // tm->tokens
-    if (is_bf16(tm)) round_bf16(tm, tm->params, tm->wbf, tm->n_params);  // weights changed since
+    if (tm->bfg)
+        bf16_pack_weights(tm, 0);  // the weights changed since the last forward
+    else if (is_bf16(tm))
+        round_bf16(tm, tm->params, tm->wbf, tm->n_params);
     if (targets) td_buffer_set(tm->b_ints, (size_t)N * sizeof(int32_t), targets, (size_t)N * sizeof(int32_t));
 
     td_tensor emb = {.type = TD_F32,
@@ -818,6 +933,7 @@ td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err) {
                           "train: backward needs a forward with targets first");
     const int N = tm->N, V = tm->V, D = tm->D;
     tm->have_fwd = 0;
+    if (tm->bfg) bf16_pack_weights(tm, 1), tm->xkn_src = NULL;  // dx's B operands: W packed KN
     td_xent_args x = {.logits = tm->logits,
                       .targets = tm->targets,
                       .loss = tm->losses,

@@ -232,3 +232,68 @@ void td_ref_xent(const td_xent_args *a, int ith, int nth) {
         z[tgt] -= a->dscale;
     }
 }
+
+// ---- BF16 GEMM (the reference: plain loops; x86/train_bf16.c is the fast one)
+
+// The bf16 bits of f, rounded to nearest even (td_round_bf16's value); a NaN stays a (quiet) NaN.
+static inline uint16_t bf16_bits(float f) {
+    union {
+        float f;
+        uint32_t u;
+    } v = {f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(v.u >> 16 | 0x40u);
+    return (uint16_t)(((v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u) >> 16);
+}
+static inline float bf16_value(uint16_t h) {
+    union {
+        uint32_t u;
+        float f;
+    } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+void td_ref_bf16_pack(const td_bf16_pack_args *a, int ith, int nth) {
+    const int kn = a->kn, n = kn ? a->cols : a->rows, k = kn ? a->rows : a->cols;
+    const int kp = (k + 1) / 2, ng = (n + 15) / 16;
+    uint32_t *dst = a->dst;
+    long lo, hi;
+    td_split(ng, ith, nth, &lo, &hi);
+    for (long g = lo; g < hi; g++)
+        for (int p = 0; p < kp; p++)
+            for (int j = 0; j < 16; j++) {
+                const int col = (int)g * 16 + j;  // n index
+                uint32_t w = 0;
+                for (int h = 0; h < 2; h++) {
+                    const int kk = 2 * p + h;
+                    if (col >= n || kk >= k) continue;
+                    const float x = kn ? a->src[(size_t)kk * a->cols + col] : a->src[(size_t)col * a->cols + kk];
+                    w |= (uint32_t)bf16_bits(x) << (16 * h);
+                }
+                dst[((size_t)g * kp + p) * 16 + j] = w;
+            }
+}
+
+void td_ref_bf16_gemm(const td_bf16_gemm_args *a, int ith, int nth) {
+    const int m = a->m, n = a->n, k = a->k, kp = (k + 1) / 2;
+    const uint32_t *b = a->b;
+    long lo, hi;
+    td_split(m, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++) {
+        float *c = a->c + (size_t)i * n;
+        if (!a->accumulate) memset(c, 0, sizeof(float) * (size_t)n);
+        for (int p = 0; p < kp; p++) {
+            float x[2];
+            for (int h = 0; h < 2; h++) {
+                const int kk = 2 * p + h;
+                x[h] = kk >= k ? 0.0f
+                               : bf16_value(bf16_bits(a->trans_a ? a->a[(size_t)kk * m + i] : a->a[(size_t)i * k + kk]));
+            }
+            for (int j = 0; j < n; j++) {
+                const uint32_t w = b[((size_t)(j / 16) * kp + p) * 16 + j % 16];
+                c[j] = (c[j] + x[0] * bf16_value((uint16_t)w)) + x[1] * bf16_value((uint16_t)(w >> 16));
+            }
+        }
+        if (a->bias)
+            for (int j = 0; j < n; j++) c[j] += a->bias[j];
+    }
+}

@@ -1,0 +1,16 @@
+// Internal to src/kernels and the CPU backend: the AVX-512 BF16 training GEMM (train_bf16.c), the
+// fast twin of td_ref_bf16_pack / td_ref_bf16_gemm (kernels/backward.h documents the arguments).
+#ifndef TD_KERNELS_X86_TRAIN_BF16_H
+#define TD_KERNELS_X86_TRAIN_BF16_H
+
+#include "kernels/backward.h"
+#include "kernels/x86/x86.h"
+
+#ifdef TD_KERNELS_X86
+// 1 when this CPU runs them (AVX-512 F/BW/VL/DQ + VNNI + AVX512-BF16: td_x86_has_avx512_int8).
+int td_x86_train_bf16_available(void);
+void td_x86_bf16_pack(const td_bf16_pack_args *a, int ith, int nth);
+void td_x86_bf16_gemm(const td_bf16_gemm_args *a, int ith, int nth);
+#endif
+
+#endif
