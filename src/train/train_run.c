@@ -109,7 +109,7 @@ static cJSON *string_array(const char *const *v, int n) {
 // the thread count are resolved) as out_dir/train_config.json, written atomically at the start of
 // every run, so a checkpoint directory says how it was made. resumed_from: the step the run
 // continues from (-1: from scratch or model_dir).
-static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long resumed_from,
+static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long resumed_from, int world,
                               td_err *err) {
     if (!td_is_dir(p->out_dir) && mkdir(p->out_dir, 0755) != 0 && errno != EEXIST)
         return td_err_set(err, TD_ERR_IO, "%s: cannot create directory: %s", p->out_dir,
@@ -126,10 +126,14 @@ static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long 
         cJSON_AddNullToObject(o, "model_dir");
     cJSON_AddNumberToObject(o, "init_std", p->init_std);
     cJSON_AddStringToObject(o, "seed", seed);
-    cJSON_AddNumberToObject(o, "batch", mp.batch);
+    cJSON_AddNumberToObject(o, "batch", (double)mp.batch * world);  // global: every rank's sequences
+    cJSON_AddNumberToObject(o, "batch_per_rank", mp.batch);
+    cJSON_AddNumberToObject(o, "world_size", world);
+    cJSON_AddNumberToObject(o, "zero", world > 1 ? tp->zero : 0);
+    cJSON_AddNumberToObject(o, "bucket_elems", (double)tp->bucket_elems);
     cJSON_AddNumberToObject(o, "seq_len", mp.seq_len);
     cJSON_AddNumberToObject(o, "grad_accum", tp->grad_accum);
-    cJSON_AddNumberToObject(o, "tokens_per_step", (double)mp.batch * mp.seq_len * tp->grad_accum);
+    cJSON_AddNumberToObject(o, "tokens_per_step", (double)mp.batch * world * mp.seq_len * tp->grad_accum);
     cJSON_AddStringToObject(o, "backend", td_backend_name(td_tmodel_backend(tm)));
     cJSON_AddNumberToObject(o, "threads", td_backend_n_slices(td_tmodel_backend(tm)));
     cJSON_AddStringToObject(o, "precision", mp.precision == TD_TRAIN_BF16 ? "bf16" : "fp32");
@@ -184,11 +188,11 @@ static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long 
 
 // Writes params, AdamW state and metadata as dir/ckpt-<step + 1>.tdck (the number of steps done),
 // from the host views (downloaded first where the backend's memory is not the host's).
+// am and av: the AdamW moments in parameter order (td_trainer_state_to_full's, or the host view).
 static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *tr, td_loader *ld,
-                      td_err *err) {
+                      const float *am, const float *av, FILE *log, td_err *err) {
     const int nt = td_tmodel_n_tensors(tm);
     td_tmodel_params_to_host(tm);
-    td_adamw_state_to_host(td_trainer_adamw(tr));
     td_ckpt_tensor *ts = calloc((size_t)nt + 2, sizeof *ts);
     char *names = calloc((size_t)nt, 80);
     if (!ts || !names) {
@@ -207,19 +211,19 @@ static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *t
                                  .data = t->host,
                                  .nbytes = (size_t)(t->rows * t->cols) * sizeof(float)};
     }
-    td_adamw *o = td_trainer_adamw(tr);
-    const size_t n = td_adamw_size(o);
+    size_t n;
+    td_tmodel_params_buf(tm, &n);
     ts[nt] = (td_ckpt_tensor){.name = "adam.m",
                               .dtype = TD_F32,
                               .ndim = 1,
                               .shape = {(int64_t)n},
-                              .data = td_adamw_host_m(o),
+                              .data = am,
                               .nbytes = n * sizeof(float)};
     ts[nt + 1] = (td_ckpt_tensor){.name = "adam.v",
                                   .dtype = TD_F32,
                                   .ndim = 1,
                                   .shape = {(int64_t)n},
-                                  .data = td_adamw_host_v(o),
+                                  .data = av,
                                   .nbytes = n * sizeof(float)};
     char pos[160];
     td_loader_pos lp = td_loader_tell(ld);
@@ -242,7 +246,7 @@ static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *t
     char path[1024];
     td_status st =
         td_ckpt_dir_save(p->out_dir, steps, ts, nt + 2, meta, p->keep, path, sizeof path, err);
-    if (st == TD_OK && p->log) fprintf(p->log, "checkpoint %s\n", path);
+    if (st == TD_OK && log) fprintf(log, "checkpoint %s\n", path);
     free(meta);
     free(ts);
     free(names);
@@ -288,16 +292,16 @@ static td_status restore(const td_train_run_params *p, td_tmodel *tm, td_trainer
     if ((st = copy_params(tm, ck, p->out_dir, err))) goto done;
     td_adamw *o = td_trainer_adamw(tr);
     const td_ckpt_tensor *m = td_ckpt_find(ck, "adam.m"), *v = td_ckpt_find(ck, "adam.v");
-    const size_t nb = td_adamw_size(o) * sizeof(float);
+    size_t np;
+    td_tmodel_params_buf(tm, &np);
+    const size_t nb = np * sizeof(float);  // in parameter order whatever the sharding (any world size)
     if (!m || !v || m->nbytes != nb || v->nbytes != nb || m->dtype != TD_F32 ||
         v->dtype != TD_F32) {
         st = td_err_set(err, TD_ERR_FORMAT, "%s: optimizer state missing or of another size",
                         p->out_dir);
         goto done;
     }
-    memcpy(td_adamw_host_m(o), m->data, nb);
-    memcpy(td_adamw_host_v(o), v->data, nb);
-    td_adamw_state_from_host(o);
+    td_trainer_state_from_full(tr, m->data, v->data);
     cJSON *root = cJSON_Parse(td_ckpt_meta(ck));
     const cJSON *js = root ? cJSON_GetObjectItemCaseSensitive(root, "step") : NULL;
     const cJSON *jl = root ? cJSON_GetObjectItemCaseSensitive(root, "loader") : NULL;
@@ -319,10 +323,12 @@ done:
 }
 
 // Mean loss over the first eval_batches windows of the validation loader (rewound to start).
+// With data parallelism every rank evaluates its rank-strided share of the same windows and the
+// sums are reduced (rank order), so the windows are those of one rank at the global batch.
 static td_status evaluate(const td_train_run_params *p, td_tmodel *tm, td_loader *vl,
                           const td_loader_pos *start, int32_t *win, int32_t *tok, int32_t *tgt,
                           double *mean, td_err *err) {
-    const int B = p->model.batch, T = p->model.seq_len;
+    const int B = td_tmodel_get_params(tm).batch, T = p->model.seq_len;
     td_status st = td_loader_seek(vl, start, err);
     double sum = 0.0;
     long cnt = 0;
@@ -339,6 +345,11 @@ static td_status evaluate(const td_train_run_params *p, td_tmodel *tm, td_loader
         for (size_t i = 0; i < (size_t)B * T; i++) sum += td_eval_token_nll(lg + i * V, V, tgt[i]);
         cnt += (long)B * T;
     }
+    if (st == TD_OK && p->trainer.comm && td_comm_size(p->trainer.comm) > 1) {
+        double v[2] = {sum, (double)cnt};
+        st = td_comm_allreduce(p->trainer.comm, v, v, 2, TD_COMM_F64, TD_COMM_SUM, err);
+        sum = v[0], cnt = (long)v[1];
+    }
     *mean = cnt ? sum / (double)cnt : NAN;
     return st;
 }
@@ -350,19 +361,32 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         return td_err_set(err, TD_ERR_INVALID, "train: no shards");
     if ((p->resume || p->ckpt_every > 0) && !p->out_dir)
         return td_err_set(err, TD_ERR_INVALID, "train: checkpoints need an output directory");
-    const int B = p->model.batch, T = p->model.seq_len, K = p->trainer.grad_accum;
-    if (B <= 0 || T <= 0 || K <= 0)
+    const int T = p->model.seq_len, K = p->trainer.grad_accum;
+    if (p->model.batch <= 0 || T <= 0 || K <= 0)
         return td_err_set(err, TD_ERR_INVALID,
                           "train: batch, seq_len and accumulation must be > 0");
+    // Data parallelism: the batch is the global one; rank r takes the r-th run of B / world of
+    // every B windows (loader.h); logs, metrics and checkpoint files come from rank 0.
+    td_comm *comm = p->trainer.comm && td_comm_size(p->trainer.comm) > 1 ? p->trainer.comm : NULL;
+    const int world = comm ? td_comm_size(comm) : 1, rank = comm ? td_comm_rank(comm) : 0;
+    if (p->model.batch % world)
+        return td_err_set(err, TD_ERR_INVALID, "train: the batch (%d sequences, global) is not divisible by the %d ranks",
+                          p->model.batch, world);
+    const int B = p->model.batch / world;  // this rank's sequences per micro-batch
+    FILE *log = rank == 0 ? p->log : NULL;
+    td_tmodel_params mparams = p->model;
+    mparams.batch = B;
 
     td_loader_params lp = td_loader_default_params();
     lp.paths = p->shards, lp.n_paths = p->n_shards, lp.B = B, lp.T = T, lp.seed = p->seed;
+    lp.rank = rank, lp.world = world;
     td_loader *ld = NULL, *vl = NULL;
     td_loader_pos vstart = {0};
     td_model *m = NULL;
     td_tmodel *tm = NULL;
     td_trainer *tr = NULL;
     int32_t *win = NULL, *tok = NULL, *tgt = NULL;
+    float *full_m = NULL, *full_v = NULL;  // ZeRO: the whole optimizer state for checkpoints
     FILE *metrics = NULL;
     const double t_start = td_now();
     td_status st = td_loader_open(&lp, &ld, err);
@@ -399,7 +423,7 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
                         td_loader_vocab(ld), cfg.vocab_size);
         goto done;
     }
-    if ((st = td_tmodel_create(&cfg, &p->model, &tm, err))) goto done;
+    if ((st = td_tmodel_create(&cfg, &mparams, &tm, err))) goto done;
     if (m) {
         if ((st = td_tmodel_load(tm, m, err))) goto done;
         td_model_free(m);
@@ -410,8 +434,15 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
     if ((st = td_trainer_create(tm, &p->trainer, &tr, err))) goto done;
     int resumed = 0;
     if (p->resume && (st = restore(p, tm, tr, ld, &resumed, err))) goto done;
-    if (p->out_dir && (st = write_config(p, tm, resumed ? td_trainer_step_count(tr) : -1, err)))
+    if (rank == 0 && p->out_dir && (st = write_config(p, tm, resumed ? td_trainer_step_count(tr) : -1, world, err)))
         goto done;
+    size_t np;
+    td_tmodel_params_buf(tm, &np);
+    if (p->out_dir && td_trainer_sharded(tr) &&
+        (!(full_m = malloc(np * sizeof(float))) || !(full_v = malloc(np * sizeof(float))))) {
+        st = td_err_set(err, TD_ERR_NOMEM, "train: out of memory for the checkpoints' optimizer state");
+        goto done;
+    }
     const size_t N = (size_t)B * T;
     win = malloc((size_t)B * (T + 1) * sizeof *win);
     tok = malloc(N * K * sizeof *tok);
@@ -420,18 +451,25 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         st = td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
         goto done;
     }
-    if (p->metrics_path && !(metrics = fopen(p->metrics_path, "a"))) {
+    if (rank == 0 && p->metrics_path && !(metrics = fopen(p->metrics_path, "a"))) {
         st = td_err_set(err, TD_ERR_IO, "train: cannot open %s for appending", p->metrics_path);
         goto done;
     }
-    size_t np;
-    td_tmodel_params_buf(tm, &np);
-    if (p->log)
-        fprintf(p->log,
+    if (log) {
+        fprintf(log,
                 "train: %zu parameters, %d layers, dim %d, vocab %d, batch %d x %d x %d, %s, %s%s%s\n",
-                np, cfg.n_layers, cfg.dim, cfg.vocab_size, K, B, T, td_backend_name(td_tmodel_backend(tm)),
+                np, cfg.n_layers, cfg.dim, cfg.vocab_size, K, B * world, T, td_backend_name(td_tmodel_backend(tm)),
                 p->model.precision == TD_TRAIN_BF16 ? "bf16" : "fp32",
                 p->model.recompute ? ", recompute" : "", resumed ? ", resumed" : "");
+        const td_trainer_memory mm = td_trainer_memory_of(tr);
+        // Per rank, against the ZeRO paper's accounting for f32 Adam (trainer.h).
+        fprintf(log,
+                "train: world_size %d, ZeRO %d, per rank: parameters %.1f MiB, gradients %.1f MiB, accumulator "
+                "%.1f MiB, optimizer %.1f MiB (%zu of %zu parameters' state; paper: %.1f MiB)\n",
+                world, mm.zero, mm.params_bytes / 1048576.0, mm.grads_bytes / 1048576.0, mm.accum_bytes / 1048576.0,
+                mm.optim_bytes / 1048576.0, mm.n_owned, mm.n_params,
+                8.0 * (double)mm.n_params / (mm.zero ? world : 1) / 1048576.0);
+    }
     for (long s = td_trainer_step_count(tr); s < p->steps; s++) {
         const double t0 = td_now();
         for (int k = 0; k < K; k++) {
@@ -446,20 +484,20 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         td_step_stats ss;
         if ((st = td_trainer_step(tr, tok, tgt, &ss, err))) goto done;
         const double dt = td_now() - t0;
+        const double tps = dt > 0 ? (double)(N * K) * world / dt : 0.0;  // every rank's tokens
         if (res.steps_done == 0) res.first_loss = ss.loss;
         res.steps_done++;
         res.last_step = ss.step;
         res.last_loss = ss.loss;
-        if (p->log) {
+        if (log) {
             // Remaining time from this run's mean step time so far (steps resumed from a
             // checkpoint are not counted).
             const double elapsed = td_now() - t_start;
             const double eta = elapsed / (double)res.steps_done * (double)(p->steps - s - 1);
-            fprintf(p->log,
-                    "step %ld/%ld | loss %.4f | lr %.3e | norm %.3f | %.0f tok/s | %.0fs elapsed, "
+            fprintf(log,
+                    "step %ld/%ld | loss %.4f | lr %.3e | norm %.3f | %.0f tok/s | world %d | %.0fs elapsed, "
                     "%.0fs left\n",
-                    ss.step + 1, p->steps, ss.loss, (double)ss.lr, ss.grad_norm,
-                    dt > 0 ? (double)(N * K) / dt : 0.0, elapsed, eta);
+                    ss.step + 1, p->steps, ss.loss, (double)ss.lr, ss.grad_norm, tps, world, elapsed, eta);
         }
         if (!isfinite(ss.loss)) {
             st = td_err_set(err, TD_ERR_INVALID, "train: the loss is not finite at step %ld",
@@ -470,24 +508,35 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         const int eval = vl && ((p->eval_every > 0 && (s + 1) % p->eval_every == 0) || last);
         if (eval) {
             if ((st = evaluate(p, tm, vl, &vstart, win, tok, tgt, &res.val_loss, err))) goto done;
-            if (p->log) fprintf(p->log, "val %ld | loss %.4f\n", ss.step + 1, res.val_loss);
+            if (log) fprintf(log, "val %ld | loss %.4f\n", ss.step + 1, res.val_loss);
         }
         if (metrics) {  // JSON lines for `tandem plot` (docs/eval.md)
             fprintf(metrics,
                     "{\"step\":%ld,\"loss\":%.17g,\"lr\":%.9g,\"grad_norm\":%.17g,"
-                    "\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f",
-                    ss.step + 1, ss.loss, (double)ss.lr, ss.grad_norm,
-                    dt > 0 ? (double)(N * K) / dt : 0.0, td_now() - t_start);
+                    "\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f,\"world_size\":%d,\"comm_wait_s\":%.6f",
+                    ss.step + 1, ss.loss, (double)ss.lr, ss.grad_norm, tps, td_now() - t_start, world,
+                    ss.comm_wait_s);
             if (eval) fprintf(metrics, ",\"val_loss\":%.6f", res.val_loss);
             fputs("}\n", metrics);
             fflush(metrics);
         }
-        if (p->out_dir && ((p->ckpt_every > 0 && (s + 1) % p->ckpt_every == 0) || last) &&
-            (st = save(p, tm, tr, ld, err)))
-            goto done;
+        if (p->out_dir && ((p->ckpt_every > 0 && (s + 1) % p->ckpt_every == 0) || last)) {
+            const float *am, *av;
+            if (full_m) {  // collective: every rank's shard of the moments
+                if ((st = td_trainer_state_to_full(tr, full_m, full_v, err))) goto done;
+                am = full_m, av = full_v;
+            } else {
+                td_adamw *o = td_trainer_adamw(tr);
+                td_adamw_state_to_host(o);
+                am = td_adamw_host_m(o), av = td_adamw_host_v(o);
+            }
+            if (rank == 0 && (st = save(p, tm, tr, ld, am, av, log, err))) goto done;
+        }
     }
 done:
     if (metrics) fclose(metrics);
+    free(full_m);
+    free(full_v);
     free(win);
     free(tok);
     free(tgt);

@@ -6,6 +6,7 @@
 #ifndef TD_TRAIN_TRAINER_H
 #define TD_TRAIN_TRAINER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/status.h"
@@ -71,6 +72,14 @@ typedef struct td_trainer_memory {
     size_t params_bytes, grads_bytes, accum_bytes, optim_bytes;
 } td_trainer_memory;
 td_trainer_memory td_trainer_memory_of(const td_trainer *t);
+
+// The AdamW moments in parameter order ([n_params] host arrays each), whatever the sharding, so a
+// checkpoint is the same file at any world size and ZeRO stage (and resumes at any other).
+// to_full is collective under ZeRO (every rank calls it; every rank receives the whole state);
+// from_full takes this rank's shard (or everything) from the whole state, locally.
+bool td_trainer_sharded(const td_trainer *t);  // ZeRO-1/2 over more than one rank
+td_status td_trainer_state_to_full(td_trainer *t, float *m, float *v, td_err *err);
+void td_trainer_state_from_full(td_trainer *t, const float *m, const float *v);
 long td_trainer_step_count(const td_trainer *t);  // steps taken (== the optimizer's count)
 
 #endif
