@@ -513,9 +513,10 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         if (metrics) {  // JSON lines for `tandem plot` (docs/eval.md)
             fprintf(metrics,
                     "{\"step\":%ld,\"loss\":%.17g,\"lr\":%.9g,\"grad_norm\":%.17g,"
-                    "\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f,\"world_size\":%d,\"comm_wait_s\":%.6f",
+                    "\"tokens_per_s\":%.1f,\"elapsed_s\":%.3f,\"world_size\":%d,\"comm_wait_s\":%.6f,"
+                    "\"comm_bytes\":%.0f,\"step_s\":%.6f",
                     ss.step + 1, ss.loss, (double)ss.lr, ss.grad_norm, tps, td_now() - t_start, world,
-                    ss.comm_wait_s);
+                    ss.comm_wait_s, ss.comm_bytes, dt);
             if (eval) fprintf(metrics, ",\"val_loss\":%.6f", res.val_loss);
             fputs("}\n", metrics);
             fflush(metrics);

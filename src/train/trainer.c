@@ -65,6 +65,7 @@ struct td_trainer {
     td_status comm_st; // the first communication failure of the step
     td_err comm_err;
     double comm_wait_s; // time blocked on communication after backward (the exposed part)
+    double comm_bytes;  // bytes of gradients and parameters handed to collectives this step
 };
 
 td_trainer_params td_trainer_default_params(void) {
@@ -319,6 +320,7 @@ static td_status wait_all(td_trainer *t, td_err *err) {
 static void reduce_bucket(td_trainer *t, const bucket *k, float *buf) {
     td_err e = {0};
     td_comm_req *r = NULL;
+    t->comm_bytes += (double)k->n * sizeof(float);
     if (t->p.zero == 0) {
         td_status st = td_comm_iallreduce(t->comm, buf + k->lo, buf + k->lo, k->n, TD_COMM_F32, TD_COMM_SUM, &r, &e);
         post(t, st, r, &e);
@@ -432,6 +434,7 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
     if (hooked) td_tmodel_set_grad_hook(tm, grad_hook, t);
     t->comm_st = TD_OK;
     t->comm_wait_s = 0;
+    t->comm_bytes = 0;
     double loss_sum = 0.0;
     for (int k = 0; k < K; k++) {
         double s = 0.0;
@@ -502,7 +505,8 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
                                  .step = step,
                                  .n_targets = count,
                                  .world_size = t->world,
-                                 .comm_wait_s = t->comm_wait_s};
+                                 .comm_wait_s = t->comm_wait_s,
+                                 .comm_bytes = t->comm_bytes};
     if (!isfinite(norm))  // a NaN/inf gradient would poison the weights and both moments
         return td_err_set(err, TD_ERR_INVALID,
                           "trainer: the gradient norm is not finite at step %ld; no update", step);
@@ -533,8 +537,11 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
         td_comm_req *r = NULL;
         st = td_comm_iallgather(t->comm, w + k->lo + (size_t)t->rank * k->count, w + k->lo, k->count, TD_COMM_F32, &r, &e);
         post(t, st, r, &e);
+        t->comm_bytes += (double)k->count * (size_t)t->world * sizeof(float);
     }
-    return wait_all(t, err);
+    st = wait_all(t, err);
+    if (stats) stats->comm_bytes = t->comm_bytes, stats->comm_wait_s = t->comm_wait_s;
+    return st;
 }
 
 // ---- the optimizer state in parameter order (checkpoints)

@@ -44,6 +44,11 @@ typedef struct td_step_stats {
     long n_targets;    // counted targets in the step (over every rank)
     int world_size;    // data-parallel ranks
     double comm_wait_s;  // seconds blocked on gradient reduction after backward (the part not hidden)
+    // Payload handed to collectives per step (gradients reduced, parameters gathered), in bytes:
+    // 4 P for DP (one all-reduce); 4 P reduce-scattered + 4 P all-gathered for ZeRO-1/2 (ZeRO-2
+    // reduces every micro-batch: 4 P K + 4 P). What a rank sends is 2 (N-1)/N of an all-reduce's
+    // payload in a ring (or the rank-order fold of docs/dist.md).
+    double comm_bytes;
 } td_step_stats;
 
 typedef struct td_trainer td_trainer;
