@@ -92,19 +92,28 @@ int main(int argc, char **argv) {
         float *lg = arr((size_t)N * V), *loss = arr(N);
         int32_t *tg = malloc(sizeof(int32_t) * N);
         for (int i = 0; i < N; i++) tg[i] = (i * 7919) % V;
-        td_xent_args xa = {.logits = lg, .targets = tg, .loss = loss, .n_tok = N, .vocab = V, .dscale = 1e-3f, .want_grad = 0};
+        for (int fast = 0; fast < 2; fast++) {
+            td_xent_args xa = {.logits = lg, .targets = tg, .loss = loss, .n_tok = N, .vocab = V, .dscale = 1e-3f,
+                               .want_grad = 0, .fast = fast};
+            double t;
+            BEST(reps, td_backend_xent(be, &xa), t);
+            printf("{\"slot\": \"xent (loss only)\", \"fast\": %d, \"ms\": %.2f}\n", fast, t * 1e3);
+            xa.want_grad = 1;
+            BEST(1, td_backend_xent(be, &xa), t);
+            printf("{\"slot\": \"xent (with gradient)\", \"fast\": %d, \"ms\": %.2f}\n", fast, t * 1e3);
+        }
         double t;
-        BEST(reps, td_backend_xent(be, &xa), t);
-        printf("{\"slot\": \"xent (loss only)\", \"ms\": %.2f}\n", t * 1e3);
-        xa.want_grad = 1;
-        BEST(1, td_backend_xent(be, &xa), t);
-        printf("{\"slot\": \"xent (with gradient)\", \"ms\": %.2f}\n", t * 1e3);
         float *q = arr((size_t)N * D), *k = arr((size_t)N * D), *v = arr((size_t)N * D), *o = arr((size_t)N * D);
-        float *dq = arr((size_t)N * D), *dk = arr((size_t)N * D), *dv = arr((size_t)N * D), *sc = arr((size_t)threads * T * 4);
-        td_attention_bwd_args ab = {.q = q, .k = k, .v = v, .out = o, .dout = o, .dq = dq, .dk = dk, .dv = dv, .scratch = sc,
-                                    .n_seq = B, .seq_len = T, .n_heads = H, .n_kv_heads = H, .head_dim = hd, .scale = 0.125f};
-        BEST(reps, td_backend_attention_bwd(be, &ab), t);
-        printf("{\"slot\": \"attention_bwd (per layer)\", \"ms\": %.2f}\n", t * 1e3);
+        float *dq = arr((size_t)N * D), *dk = arr((size_t)N * D), *dv = arr((size_t)N * D);
+        float *sc = arr((size_t)threads * td_attention_bwd_scratch(T, hd, 1));
+        for (int fast = 0; fast < 2; fast++) {
+            td_attention_bwd_args ab = {.q = q, .k = k, .v = v, .out = o, .dout = o, .dq = dq, .dk = dk, .dv = dv,
+                                        .scratch = sc, .n_seq = B, .seq_len = T, .n_heads = H, .n_kv_heads = H,
+                                        .head_dim = hd, .scale = 0.125f, .fast = fast};
+            BEST(reps, td_backend_attention_bwd(be, &ab), t);
+            printf("{\"slot\": \"attention_bwd (per layer)\", \"fast\": %d, \"ms\": %.2f, \"gflops\": %.1f}\n", fast,
+                   t * 1e3, 10.0 * hd * (T * (T + 1) / 2.0) * B * H / t * 1e-9);
+        }
         float *nw = arr(D), *ndw = arr(D), *rs = arr(N);
         td_rmsnorm_bwd_args rb = {.x = q, .w = nw, .dy = k, .dx = dq, .dw = ndw, .rstd = rs, .n_rows = N, .n = D, .eps = 1e-5f};
         BEST(reps, td_backend_rmsnorm_bwd(be, &rb), t);

@@ -21,6 +21,7 @@ typedef struct cpu_ctx {
     const td_kernels *k;
     td_dnnl_bf16 *dnnl;  // TANDEM_GEMM=dnnl: oneDNN for BF16 prefill, else NULL
     int bf16_x86;        // the training BF16 GEMM on AVX-512 BF16 (else the reference loops)
+    int train_x86;       // the `fast` cross-entropy / attention backward on AVX-512
 } cpu_ctx;
 
 enum { DNNL_MIN_TOKENS = 16 };  // smaller batches stay on the tiles (decode, batched decode)
@@ -84,10 +85,10 @@ CPU_BWD(mm_bwd_x, td_mm_bwd_args, td_ref_mm_bwd_x)
 CPU_BWD(mm_bwd_w, td_mm_bwd_args, td_ref_mm_bwd_w)
 CPU_BWD(rmsnorm_bwd_x, td_rmsnorm_bwd_args, td_ref_rmsnorm_bwd_x)
 CPU_BWD(rmsnorm_bwd_w, td_rmsnorm_bwd_args, td_ref_rmsnorm_bwd_w)
-CPU_BWD(attention_bwd, td_attention_bwd_args, td_ref_attention_bwd)
+CPU_BWD(attention_bwd_ref, td_attention_bwd_args, td_ref_attention_bwd)
 CPU_BWD(swiglu_bwd, td_swiglu_bwd_args, td_ref_swiglu_bwd)
 CPU_BWD(embed_bwd, td_embed_bwd_args, td_ref_embed_bwd)
-CPU_BWD(xent, td_xent_args, td_ref_xent)
+CPU_BWD(xent_ref, td_xent_args, td_ref_xent)
 // The optimizer's kernels, one slice per worker: sumsq's partials are indexed by ith, so the
 // pool's size is the n_slices the caller sized them for.
 CPU_BWD(sumsq, td_sumsq_args, td_ref_sumsq)
@@ -119,6 +120,31 @@ static void cpu_bf16_gemm(void *ctx_, const td_bf16_gemm_args *a) {
     }
 #endif
     cpu_bf16_gemm_ref(ctx_, a);
+}
+
+// Cross-entropy and the attention backward: the AVX-512 kernels when the caller allows another
+// arithmetic (`fast`, the trainer's BF16 path) and the set is not "ref"; else the reference's.
+#ifdef TD_KERNELS_X86
+CPU_BWD(attention_bwd_x86, td_attention_bwd_args, td_x86_attention_bwd)
+CPU_BWD(xent_x86, td_xent_args, td_x86_xent)
+#endif
+static void cpu_attention_bwd(void *ctx_, const td_attention_bwd_args *a) {
+#ifdef TD_KERNELS_X86
+    if (a->fast && ((cpu_ctx *)ctx_)->train_x86 && a->head_dim <= TD_X86_ATTN_BWD_MAX_HD) {
+        cpu_attention_bwd_x86(ctx_, a);
+        return;
+    }
+#endif
+    cpu_attention_bwd_ref(ctx_, a);
+}
+static void cpu_xent(void *ctx_, const td_xent_args *a) {
+#ifdef TD_KERNELS_X86
+    if (a->fast && ((cpu_ctx *)ctx_)->train_x86) {
+        cpu_xent_x86(ctx_, a);
+        return;
+    }
+#endif
+    cpu_xent_ref(ctx_, a);
 }
 
 static void cpu_mm_bwd(void *ctx, const td_mm_bwd_args *a) {
@@ -254,6 +280,7 @@ td_status td_backend_cpu_create(const td_backend_cpu_params *p, td_backend **out
     ctx->k = k;
 #ifdef TD_KERNELS_X86
     ctx->bf16_x86 = td_x86_train_bf16_available() && strcmp(k->name, "ref") != 0;
+    ctx->train_x86 = td_x86_train_avx512_available() && strcmp(k->name, "ref") != 0;
 #endif
     const char *gemm = getenv("TANDEM_GEMM");
     if (gemm && !strcmp(gemm, "dnnl")) {

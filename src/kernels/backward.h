@@ -83,10 +83,21 @@ typedef struct td_attention_bwd_args {
     const float *dout;  // [n_seq*seq_len, n_heads, head_dim]
     float *dq;          // [n_seq*seq_len, n_heads, head_dim]
     float *dk, *dv;     // [n_seq*seq_len, n_kv_heads, head_dim]
-    float *scratch;     // [nth, seq_len]: slice ith uses row ith (caller sizes it for its pool)
+    float *scratch;     // [nth, td_attention_bwd_scratch(seq_len, head_dim, fast)] floats: slice
+                        // ith uses row ith (the caller sizes it for its pool)
     int n_seq, seq_len, n_heads, n_kv_heads, head_dim;
     float scale;
+    // 1: a backend may run a faster kernel with another summation order and an f32 exp (the CPU's
+    // AVX-512 one: 16-query blocks; within f32 rounding of the reference, test_train_bf16); the
+    // trainer's BF16 path asks for it. 0: the reference's arithmetic.
+    int fast;
 } td_attention_bwd_args;
+// Floats of scratch per slice: seq_len for the reference; fast adds K and V transposed and two
+// 16 x seq_len blocks (seq_len rounded up to 16).
+static inline size_t td_attention_bwd_scratch(int seq_len, int head_dim, int fast) {
+    const size_t tp = (size_t)(seq_len + 15) / 16 * 16;
+    return fast ? (2 * (size_t)head_dim + 32) * tp : (size_t)seq_len;
+}
 void td_ref_attention_bwd(const td_attention_bwd_args *a, int ith, int nth);
 
 // Backward of h = silu(g) * u: dg = dh * u * s * (1 + g (1 - s)), du = dh * silu(g), s =
@@ -117,6 +128,8 @@ typedef struct td_xent_args {
     int n_tok, vocab;
     float dscale;   // usually 1 / (number of counted targets in the whole step)
     int want_grad;  // 0: leave logits untouched (loss only)
+    int fast;       // 1: a backend may use an f32 exp (the CPU's AVX-512 kernel; the sum stays in
+                    // double): what the trainer's BF16 path asks for. 0: the reference's double exp.
 } td_xent_args;
 void td_ref_xent(const td_xent_args *a, int ith, int nth);
 

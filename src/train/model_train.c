@@ -410,7 +410,7 @@ static size_t carve_acts(td_tmodel *tm, float *base) {
     TAKE(tm->dv, N * kvd);
     if (tm->c.qk_norm) TAKE(tm->dkn, N * kvd);
     TAKE(tm->rstd, N * (size_t)nh);
-    TAKE(tm->att_scratch, (size_t)tm->n_slices * tm->p.seq_len);
+    TAKE(tm->att_scratch, (size_t)tm->n_slices * td_attention_bwd_scratch(tm->p.seq_len, tm->c.head_dim, is_bf16(tm)));
     if (tm->p.precision == TD_TRAIN_BF16 && !tm->bfg) {
         size_t wmax = D > F ? D : F;
         wmax = wmax > qd ? wmax : qd;
@@ -862,7 +862,8 @@ td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t 
                           .loss = tm->losses,
                           .n_tok = N,
                           .vocab = V,
-                          .want_grad = 0};
+                          .want_grad = 0,
+                          .fast = is_bf16(tm)};
         td_backend_xent(tm->be, &x);
         if (!tm->host_be)  // a synchronous download: the host sums the losses in token order
             td_buffer_get(tm->b_acts, act_off(tm, tm->losses), tm->host_losses, (size_t)N * sizeof(float));
@@ -910,7 +911,8 @@ static void layer_backward(td_tmodel *tm, int l, const layer_acts *a) {
                                 .n_heads = c->n_heads,
                                 .n_kv_heads = c->n_kv_heads,
                                 .head_dim = c->head_dim,
-                                .scale = 1.0f / sqrtf((float)c->head_dim)};
+                                .scale = 1.0f / sqrtf((float)c->head_dim),
+                                .fast = is_bf16(tm)};  // BF16: the backend's faster arithmetic
     td_backend_attention_bwd(tm->be, &ab);
     rope(tm, tm->dq, tm->negpos, c->n_heads);
     rope(tm, tm->dk, tm->negpos, c->n_kv_heads);
@@ -940,7 +942,8 @@ td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err) {
                       .n_tok = N,
                       .vocab = V,
                       .dscale = dscale,
-                      .want_grad = 1};
+                      .want_grad = 1,
+                      .fast = is_bf16(tm)};
     td_backend_xent(tm->be, &x);  // logits -> dlogits
     mm_bwd(tm, tm->pw.output, tm->xnf, tm->logits, tm->dxn, tm->gw.output, NULL, V, D, 0, 0);
     rmsnorm_bwd(tm, tm->res[tm->L], tm->pw.out_norm, tm->dxn, tm->dres, tm->gw.out_norm, N, D, 0);

@@ -223,6 +223,71 @@ static void run_shape(int N, int n_out, int n_in, int have_x86) {
     free(wnk), free(wkn), free(xkn), free(yref), free(dxref), free(dwref);
 }
 
+// ---- The `fast` cross-entropy and attention backward (train_avx512.c) vs the reference kernels.
+// xent: the loss within 8 u (|lse| + 1) (an f32 exp of <= 2 ulp per term, the sum in double, lse
+// rounded to f32 for the gradient), each gradient element within 8 u (|lse| + 2) |g| + 2^-126.
+// attention: each of dq, dk, dv within 16 K u max|ref| (K = group x seq_len, the longest sum; exp
+// to 2 ulp and other summation orders), and the bound smaller than one typical term.
+static void check_fast(void) {
+#ifdef TD_KERNELS_X86
+    if (!td_x86_train_avx512_available()) return;
+    const double u = 1.0 / 16777216.0;
+    {
+        const int n = 7, V = 1001;
+        float *z = rand_arr((size_t)n * V, 4.0), *z2 = copy(z, (size_t)n * V), *l1 = rand_arr(n, 1), *l2 = rand_arr(n, 1);
+        int32_t tg[7] = {0, 5, -1, 1000, 77, 3, 999};
+        for (int g = 0; g < 2; g++) {
+            td_xent_args a = {.logits = z, .targets = tg, .loss = l1, .n_tok = n, .vocab = V, .dscale = 0.37f, .want_grad = g};
+            td_xent_args b = a;
+            b.logits = z2, b.loss = l2, b.fast = 1;
+            for (int i = 0; i < 3; i++) td_ref_xent(&a, i, 3), td_x86_xent(&b, i, 3);
+            int bad = 0;
+            for (int t = 0; t < n; t++) {
+                const double lse = tg[t] < 0 ? 0 : fabs(l1[t]) + 20;  // |lse| <= |loss| + |z|max (|z| < 4 here)
+                if (!(fabs(l1[t] - l2[t]) <= 8 * u * (lse + 1))) bad++;
+                for (int i = 0; g && i < V; i++) {
+                    const double r = z[(size_t)t * V + i], f = z2[(size_t)t * V + i];
+                    if (!(fabs(r - f) <= 8 * u * (lse + 2) * fabs(r) + 0x1p-126)) bad++;
+                }
+            }
+            CHECK(bad == 0, "fast xent (grad %d): %d values beyond the bound", g, bad);
+        }
+        free(z), free(z2), free(l1), free(l2);
+    }
+    static const int shapes[][5] = {{2, 37, 4, 2, 12}, {1, 16, 2, 2, 64}, {2, 50, 6, 3, 24}, {1, 33, 2, 1, 128}, {3, 5, 1, 1, 16}};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const int S = shapes[c][0], T = shapes[c][1], H = shapes[c][2], KV = shapes[c][3], hd = shapes[c][4];
+        const size_t nq = (size_t)S * T * H * hd, nk = (size_t)S * T * KV * hd;
+        float *q = rand_arr(nq, 1), *k = rand_arr(nk, 1), *v = rand_arr(nk, 1), *o = rand_arr(nq, 1), *dout = rand_arr(nq, 1);
+        float *out[2][3];
+        for (int f = 0; f < 2; f++) {
+            for (int j = 0; j < 3; j++) out[f][j] = rand_arr(j ? nk : nq, 1e30);
+            const int nth = f ? 3 : 2;
+            float *scr = malloc(sizeof(float) * nth * td_attention_bwd_scratch(T, hd, f));
+            td_attention_bwd_args a = {.q = q, .k = k, .v = v, .out = o, .dout = dout, .dq = out[f][0], .dk = out[f][1],
+                                       .dv = out[f][2], .scratch = scr, .n_seq = S, .seq_len = T, .n_heads = H,
+                                       .n_kv_heads = KV, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .fast = f};
+            for (int i = 0; i < nth; i++) (f ? td_x86_attention_bwd : td_ref_attention_bwd)(&a, i, nth);
+            free(scr);
+        }
+        static const char *nm[3] = {"dq", "dk", "dv"};
+        for (int j = 0; j < 3; j++) {
+            const size_t n = j ? nk : nq;
+            double mx = 0, worst = 0;
+            for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(out[0][j][i]));
+            const double tol = 16.0 * (H / KV) * T * u * mx;
+            for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)out[0][j][i] - out[1][j][i]));
+            CHECK(worst <= tol && tol < 0.01 * mx, "fast attention_bwd %s (seqs %d, T %d, heads %d/%d, hd %d): %.3g vs tol %.3g",
+                  nm[j], S, T, H, KV, hd, worst, tol);
+            if (getenv("TD_VERBOSE")) printf("attention_bwd %s T %d hd %d: %.3g of tol\n", nm[j], T, hd, worst / tol);
+        }
+        for (int f = 0; f < 2; f++)
+            for (int j = 0; j < 3; j++) free(out[f][j]);
+        free(q), free(k), free(v), free(o), free(dout);
+    }
+#endif
+}
+
 int main(void) {
     int have_x86 = 0;
 #ifdef TD_KERNELS_X86
@@ -235,6 +300,7 @@ int main(void) {
                                     {19, 130, 21}, {33, 47, 258}, {1030, 40, 300}, {5, 300, 1030}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) run_shape(shapes[s][0], shapes[s][1], shapes[s][2], have_x86);
     if (have_x86) printf("x86 bf16 gemm: worst error %.3g of the bound\n", worst_all);
+    check_fast();
 
     // Through the CPU backend's slots (2 threads): the same bits as the kernel alone.
     td_backend *be = NULL;

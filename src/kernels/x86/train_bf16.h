@@ -1,5 +1,6 @@
 // Internal to src/kernels and the CPU backend: the AVX-512 BF16 training GEMM (train_bf16.c), the
-// fast twin of td_ref_bf16_pack / td_ref_bf16_gemm (kernels/backward.h documents the arguments).
+// fast twin of td_ref_bf16_pack / td_ref_bf16_gemm, and the AVX-512 cross-entropy and attention
+// backward (train_avx512.c) (kernels/backward.h documents the arguments).
 #ifndef TD_KERNELS_X86_TRAIN_BF16_H
 #define TD_KERNELS_X86_TRAIN_BF16_H
 
@@ -11,6 +12,13 @@
 int td_x86_train_bf16_available(void);
 void td_x86_bf16_pack(const td_bf16_pack_args *a, int ith, int nth);
 void td_x86_bf16_gemm(const td_bf16_gemm_args *a, int ith, int nth);
+// train_avx512.c: the `fast` cross-entropy and attention backward (AVX-512 F/BW/VL/DQ:
+// td_x86_has_avx512), same arguments as td_ref_xent / td_ref_attention_bwd; the attention
+// backward for head_dim <= TD_X86_ATTN_BWD_MAX_HD only.
+#define TD_X86_ATTN_BWD_MAX_HD 128
+int td_x86_train_avx512_available(void);
+void td_x86_xent(const td_xent_args *a, int ith, int nth);
+void td_x86_attention_bwd(const td_attention_bwd_args *a, int ith, int nth);
 #endif
 
 #endif
