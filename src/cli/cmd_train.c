@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "base/file.h"
 #include "cli/cli.h"
+#include "dist/world.h"
 #include "train/train_run.h"
 
 static void usage(FILE *f) {
@@ -28,6 +29,12 @@ static void usage(FILE *f) {
         "  --lr X (3e-4)  --min-lr X (lr/10)  --warmup N (steps/20)  --clip X (1.0; 0 = off)\n"
         "  --wd X (0.1)  --beta1 X (0.9)  --beta2 X (0.95)  --eps X (1e-8)\n"
         "  --bf16          bf16 matmul operands, f32 accumulation and master weights\n"
+        "data parallel (under mpirun -np N; docs/training.md):\n"
+        "  --batch is the global batch (divided among the ranks); --accum is per rank\n"
+        "  --zero S (0)    0: all-reduce gradients; 1: shard the optimizer state (ZeRO-1);\n"
+        "                  2: also the gradient accumulator (ZeRO-2)\n"
+        "  --bucket-mb X (25)  gradient bucket size: each bucket's reduction overlaps backward\n"
+        "  --comm-timeout S (300)  seconds any wait on another rank may take before the job fails\n"
         "  --recompute     recompute layer activations in backward (less memory)\n"
         "config:\n"
         "  --config FILE   a JSON object of options: keys are the flag names without '--'\n"
@@ -164,7 +171,7 @@ static int td_cmd_train_args(int argc, char **argv) {
     }
     int n_val = 0;
     int n = 0, kv = 0, hd = 0, ffn = 0, warm = -1;
-    double min_lr = -1;
+    double min_lr = -1, bucket_mb = 25, comm_timeout = TD_COMM_DEFAULT_TIMEOUT_MS / 1000.0;
     int ok = 1;
     for (int i = 1; ok && i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -215,6 +222,9 @@ static int td_cmd_train_args(int argc, char **argv) {
         INT("--eval-batches", 1, 1 << 20, p.eval_batches)
         INT("--seed", 0, 1L << 62, p.seed)
         INT("--threads", 0, 4096, p.model.n_threads)
+        INT("--zero", 0, 2, p.trainer.zero)
+        FLT("--bucket-mb", 0.001, 1 << 20, bucket_mb)
+        FLT("--comm-timeout", 0.001, 1e6, comm_timeout)
         else if (!strcmp(a, "--untied")) p.cfg.tie_embeddings = false;
         else if (!strcmp(a, "--bf16")) p.model.precision = TD_TRAIN_BF16;
         else if (!strcmp(a, "--recompute")) p.model.recompute = 1;
@@ -297,17 +307,33 @@ static int td_cmd_train_args(int argc, char **argv) {
     p.shards = shards;
     p.n_shards = n;
     p.log = stdout;
+    p.trainer.bucket_elems = (size_t)(bucket_mb * 1048576.0 / sizeof(float));
+    if (!p.trainer.bucket_elems) p.trainer.bucket_elems = 1;
     td_err err = {0};
     td_train_run_result r;
     p.val_shards = n_val ? vals : NULL;
     p.n_val_shards = n_val;
-    td_status st = td_train_run(&p, &r, &err);
+    // Every process of an mpirun job is one data-parallel rank; alone, the only one.
+    td_comm *world = NULL;
+    td_status st = td_comm_world_create(&world, &err);
+    if (st == TD_OK) {
+        td_comm_set_timeout(world, (int)(comm_timeout * 1000.0 + 0.5) > 0 ? (int)(comm_timeout * 1000.0 + 0.5) : 1);
+        p.trainer.comm = world;
+        if (td_comm_rank(world) != 0) p.log = NULL;  // rank 0 speaks for the job
+        st = td_train_run(&p, &r, &err);
+    }
+    const int rank = world ? td_comm_rank(world) : 0, size = world ? td_comm_size(world) : 1;
+    if (st && size > 1) td_comm_abort(world, err.msg);  // the others stop too
+    td_comm_free(world);
     free(shards);
     free(vals);
     if (st) {
-        fprintf(stderr, "tandem train: %s\n", err.msg);
+        if (size > 1)
+            fprintf(stderr, "tandem train: rank %d of %d: %s\n", rank, size, err.msg);
+        else
+            fprintf(stderr, "tandem train: %s\n", err.msg);
         return 1;
     }
-    printf("done: %ld steps, loss %.4f -> %.4f\n", r.steps_done, r.first_loss, r.last_loss);
+    if (rank == 0) printf("done: %ld steps, loss %.4f -> %.4f\n", r.steps_done, r.first_loss, r.last_loss);
     return 0;
 }
