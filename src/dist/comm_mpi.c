@@ -24,6 +24,7 @@
 #include <limits.h>
 #include <math.h>
 #include <mpi.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +95,7 @@ typedef struct mctx {
     int tag_range;
     int64_t gen;
     uint64_t coll_seq, post_seq;
+    uint64_t n_completed;  // MPI requests seen complete (news, for the polling rhythm)
     mreq *reqs;        // [MPI_MAX_REQS]
     mreq *free_reqs;
     MPI_Request ctl_recv;   // always posted (any source) until aborted or freed
@@ -107,38 +109,58 @@ typedef struct mctx {
 } mctx;
 
 // The process's MPI state: whether this file initialized MPI, how many communicators are live,
-// the creation counter (the same on every rank, as creation is collective), and the channels of
-// freed communicators. Those are kept until MPI_Finalize, never MPI_Comm_free'd: a peer may still
-// send a notice on them (its departure, after this rank left), and OpenMPI delivers a message for
-// a freed communicator to the next one that reuses its context id, with a sequence number that
-// then blocks that communicator's own first message from the same peer for good.
+// the creation counter (the same on every rank, as creation is collective), and what freed
+// communicators leave behind until MPI_Finalize:
+// - their channels, never MPI_Comm_free'd: a peer may still send a notice on them (its departure,
+//   after this rank left), and OpenMPI delivers a message for a freed communicator to the next one
+//   that reuses its context id, with a sequence number that then blocks that communicator's own
+//   first message from the same peer for good;
+// - the memory of a communicator whose requests MPI may still read or write (a notice not yet
+//   sent, a receive matched but not complete when td_comm_free gave up waiting).
+// Both are released after MPI_Finalize when this file called MPI_Init; otherwise they stay for the
+// life of the process (the caller's MPI_Finalize frees the channels).
 static bool g_we_init;
 static int g_live;
 static int64_t g_gen;
 static MPI_Comm *g_retired;
 static size_t g_n_retired, g_cap_retired;
+static void **g_kept;
+static size_t g_n_kept, g_cap_kept;
+
+static bool grow(void **arr, size_t *cap, size_t n, size_t elem) {
+    if (n < *cap) return true;
+    size_t c = *cap ? 2 * *cap : 16;
+    void *r = realloc(*arr, c * elem);
+    if (!r) return false;
+    *arr = r;
+    *cap = c;
+    return true;
+}
 
 static void retire(MPI_Comm *m) {
     if (*m == MPI_COMM_NULL) return;
-    if (g_n_retired == g_cap_retired) {
-        size_t cap = g_cap_retired ? 2 * g_cap_retired : 16;
-        MPI_Comm *r = realloc(g_retired, cap * sizeof *r);
-        if (!r) return;  // out of memory: the handle is dropped (MPI_Finalize still frees it)
-        g_retired = r;
-        g_cap_retired = cap;
-    }
-    g_retired[g_n_retired++] = *m;
+    if (grow((void **)&g_retired, &g_cap_retired, g_n_retired, sizeof *g_retired)) g_retired[g_n_retired++] = *m;
+    // else: out of memory; the handle is dropped (MPI_Finalize still frees the communicator)
     *m = MPI_COMM_NULL;
 }
 
-// The last communicator is gone: the kept channels go, then MPI if this file started it.
+static void keep(void *p) {
+    if (p && grow((void **)&g_kept, &g_cap_kept, g_n_kept, sizeof *g_kept)) g_kept[g_n_kept++] = p;
+}
+
+// The last communicator is gone: the kept channels, MPI if this file started it, then the memory
+// MPI may have held.
 static void last_one_out(void) {
-    if (!g_we_init) return;  // the caller's MPI_Finalize frees them
+    if (!g_we_init) return;
     for (size_t i = 0; i < g_n_retired; i++) MPI_Comm_free(&g_retired[i]);
     free(g_retired);
     g_retired = NULL;
     g_n_retired = g_cap_retired = 0;
     MPI_Finalize();
+    for (size_t i = 0; i < g_n_kept; i++) free(g_kept[i]);
+    free(g_kept);
+    g_kept = NULL;
+    g_n_kept = g_cap_kept = 0;
 }
 
 static double now_ms(void) {
@@ -147,11 +169,17 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-// Sleeps a fraction of the time already waited (5 us .. 1 ms): quick answers stay quick, long
-// waits leave the CPU to the ranks doing the work (the tests oversubscribe two cores).
-static void nap(double waited_ms) {
-    double us = waited_ms * 1000.0 / 16;
-    us = us < 5 ? 5 : us > 1000 ? 1000 : us;
+// Between polls: yield for the first 100 us without news (a nanosleep costs ~60 us of timer
+// slack, too much for a small collective), then sleep a sixteenth of the time without news
+// (20 us .. 1 ms), so long waits leave the CPU to the ranks doing the work (the tests
+// oversubscribe two cores).
+static void nap(double idle_ms) {
+    if (idle_ms < 0.1) {
+        sched_yield();
+        return;
+    }
+    double us = idle_ms * 1000.0 / 16;
+    us = us < 20 ? 20 : us > 1000 ? 1000 : us;
     struct timespec ts = {0, (long)(us * 1000)};
     nanosleep(&ts, NULL);
 }
@@ -627,6 +655,7 @@ static int test_all(mctx *c, mreq *q) {
             continue;
         }
         pending += !flag;
+        c->n_completed += flag != 0;
     }
     return pending;
 }
@@ -760,10 +789,13 @@ static td_status mpi_wait(void *ctx, td_comm_req *req, int timeout_ms, td_err *e
     mreq *q = (mreq *)req;
     TD_ASSERT(req->comm == &c->comm && (q->state == Q_ACTIVE || q->state == Q_DONE));  // released: a caller's bug
     const double t0 = now_ms();
+    double news = t0;  // when a request last moved
     for (;;) {
+        const uint64_t seen = c->n_completed;
         progress(c);
         if (q->state == Q_DONE) break;
         const double t = now_ms();
+        if (c->n_completed != seen) news = t;
         // Once every peer has arrived, the data gets the communicator's deadline of its own.
         double limit = t0 + timeout_ms;
         if (q->moving && q->t_moving + c->comm.timeout_ms > limit) limit = q->t_moving + c->comm.timeout_ms;
@@ -777,7 +809,7 @@ static td_status mpi_wait(void *ctx, td_comm_req *req, int timeout_ms, td_err *e
             finish(c, q, TD_ERR_TIMEOUT, why);
             break;
         }
-        nap(t - t0);
+        nap(t - news);
     }
     return release(c, q, err);
 }
@@ -793,21 +825,22 @@ static td_status mpi_test(void *ctx, td_comm_req *req, bool *done, td_err *err) 
 
 static void mpi_abort(void *ctx, td_status status, const char *reason) { abort_self(ctx, status, reason); }
 
-// Frees everything this rank holds. keep_reqs: a receive MPI may still write into (matched, never
-// completed) keeps the requests' memory alive for the life of the process.
-static void ctx_destroy(mctx *c, bool keep_reqs) {
+// Frees everything this rank holds; in_use: MPI may still touch the requests or the notice, so
+// the memory is kept until MPI_Finalize instead.
+static void ctx_destroy(mctx *c, bool in_use) {
     for (int i = 0; i < CH_N; i++) retire(&c->ch[i]);
     if (c->piece != MPI_DATATYPE_NULL) MPI_Type_free(&c->piece);
-    if (c->reqs && !keep_reqs) {
-        for (int i = 0; i < MPI_MAX_REQS; i++) free(c->reqs[i].stage);
-        free(c->reqs[0].mpi);
-        free(c->reqs[0].who);
-        free(c->reqs[0].hdr);
-        free(c->reqs);
-        free(c->ctl_send);
-        free(c->left);
-        free(c);
+    void (*release_mem)(void *) = in_use ? keep : free;
+    if (c->reqs) {
+        for (int i = 0; i < MPI_MAX_REQS; i++) release_mem(c->reqs[i].stage);
+        release_mem(c->reqs[0].mpi);
+        release_mem(c->reqs[0].who);
+        release_mem(c->reqs[0].hdr);
     }
+    release_mem(c->reqs);
+    release_mem(c->ctl_send);
+    release_mem(c->left);
+    release_mem(c);
 }
 
 static void mpi_free(void *ctx) {
@@ -842,18 +875,21 @@ static void mpi_free(void *ctx) {
     }
     // Sends still pending are handed to MPI (a synchronous send to a rank that never receives
     // stays there); a receive still pending may yet be written, so its memory is kept.
-    bool keep = c->ctl_recv != MPI_REQUEST_NULL;
+    bool in_use = c->ctl_recv != MPI_REQUEST_NULL;
     for (int i = 0; i < MPI_MAX_REQS; i++) {
         mreq *q = &c->reqs[i];
         for (int j = 0; j < q->n_mpi; j++) {
             if (q->mpi[j] == MPI_REQUEST_NULL) continue;
-            if (is_recv_slot(q, j)) keep = true;
+            if (is_recv_slot(q, j)) in_use = true;
             else MPI_Request_free(&q->mpi[j]);
         }
     }
     for (int k = 0; k < c->comm.size; k++)
-        if (c->ctl_send[k] != MPI_REQUEST_NULL) MPI_Request_free(&c->ctl_send[k]);
-    ctx_destroy(c, keep);
+        if (c->ctl_send[k] != MPI_REQUEST_NULL) {
+            in_use = true;  // MPI may still read the notice
+            MPI_Request_free(&c->ctl_send[k]);
+        }
+    ctx_destroy(c, in_use);
     if (--g_live == 0) last_one_out();
 }
 
