@@ -20,8 +20,9 @@
 static void export_usage(FILE *f) {
     fprintf(f,
             "usage: tandem export CKPT --to hf|gguf -o OUT [--type T] [--tokenizer DIR] [--name NAME]\n"
-            "  CKPT                  a checkpoint file (ckpt-<step>.tdck) or a checkpoint directory (its\n"
-            "                        newest checkpoint that verifies)\n"
+            "  CKPT                  a checkpoint file (ckpt-<step>.tdck), a sharded checkpoint (the\n"
+            "                        ckpt-<step> directory a data-parallel run writes), or a\n"
+            "                        checkpoint directory (its newest checkpoint that verifies)\n"
             "  --to hf|gguf          output format (default hf)\n"
             "  -o, --out PATH        output directory (hf) or .gguf file\n"
             "  --type T              hf: f32 (default), f16, bf16; gguf: f32, f16 (default), bf16, q8_0,\n"
@@ -111,7 +112,11 @@ int td_cmd_export(int argc, char **argv) {
     td_ckpt *ck = NULL;
     td_status st;
     int64_t step = -1;
-    if (td_is_dir(src)) {
+    char manifest[1100];
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", src);
+    if (td_is_dir(src) && td_file_exists(manifest)) {  // one sharded checkpoint (data parallel)
+        st = td_ckpt_open(src, &ck, &err);
+    } else if (td_is_dir(src)) {
         st = td_ckpt_dir_load_latest(src, &ck, &step, &err);
     } else if (td_file_exists(src)) {
         st = td_ckpt_open(src, &ck, &err);

@@ -72,6 +72,24 @@ td_status td_ckpt_dir_save(const char *dir, int64_t step, const td_ckpt_tensor *
 // exceed cap) or -1 if dir cannot be read. Only names of the exact form count.
 int td_ckpt_dir_list(const char *dir, int64_t *steps, int cap);
 
+// ---- Sharded checkpoints (data parallelism): dir/ckpt-<step>/ holds one file per rank,
+// shard-<rank>-of-<world>.tdck (a checkpoint of the pieces of the flat parameter order that rank
+// owns: tensors p<i>, m<i>, v<i> for parameters and AdamW moments, offsets in its meta), and
+// manifest.json, written last and atomically by rank 0 once every rank has written its shard:
+// the checkpoint exists exactly when the manifest does. The manifest is meta_json (which must
+// carry "n_params" and "tensors": [[hf name, offset, rows, cols], ...]) plus world_size and each
+// shard's file, size and XXH3. td_ckpt_open of the directory verifies every shard against it and
+// assembles the whole checkpoint ("param.<name>", "adam.m", "adam.v"; the manifest as meta), at any
+// world size; td_ckpt_dir_list / load_latest see both kinds, and rotation keeps `keep` of either.
+typedef struct td_ckpt_piece {
+    size_t off, n;               // elements [off, off + n) of the parameter order
+    const float *p, *m, *v;      // this rank's values there: parameters, AdamW m, v
+} td_ckpt_piece;
+struct td_comm;
+// Collective over comm (every rank calls it with its own pieces). path_out: the directory.
+td_status td_ckpt_sharded_save(struct td_comm *comm, const char *dir, int64_t step, const td_ckpt_piece *pieces,
+                               int n_pieces, const char *meta_json, int keep, char *path_out, size_t cap, td_err *err);
+
 // Opens the newest checkpoint in dir that verifies, falling back to older ones when newer ones are
 // corrupt (each skipped file is logged with its problem). *step receives its step (may be NULL).
 // TD_ERR_NOT_FOUND if dir holds no checkpoint; TD_ERR_FORMAT naming the newest file's problem if

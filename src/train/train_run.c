@@ -188,7 +188,9 @@ static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long 
 
 // Writes params, AdamW state and metadata as dir/ckpt-<step + 1>.tdck (the number of steps done),
 // from the host views (downloaded first where the backend's memory is not the host's).
-// am and av: the AdamW moments in parameter order (td_trainer_state_to_full's, or the host view).
+// One rank: one file (dir/ckpt-<steps>.tdck). Data parallel: a sharded checkpoint (ckpt.h), every
+// rank writing what it owns, collectively; am and av are then unused (the pieces carry the state).
+// am and av: the AdamW moments in parameter order (the host view).
 static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *tr, td_loader *ld,
                       const float *am, const float *av, FILE *log, td_err *err) {
     const int nt = td_tmodel_n_tensors(tm);
@@ -236,17 +238,41 @@ static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *t
     cJSON_AddItemToObject(root, "loader", cJSON_Parse(pos));
     cJSON_AddStringToObject(root, "seed", seed);
     cJSON_AddItemToObject(root, "config", config_json(td_tmodel_config(tm)));
+    td_comm *comm = p->trainer.comm && td_comm_size(p->trainer.comm) > 1 ? p->trainer.comm : NULL;
+    td_ckpt_piece *pieces = NULL;
+    int n_pieces = 0;
+    if (comm) {  // sharded: the manifest says how to assemble the parameter order
+        cJSON_AddNumberToObject(root, "n_params", (double)n);
+        cJSON_AddNumberToObject(root, "zero", p->trainer.zero);
+        cJSON *tt = cJSON_AddArrayToObject(root, "tensors");
+        for (int i = 0; i < nt; i++) {
+            const td_tparam *t = td_tmodel_tensor(tm, i);
+            cJSON *e = cJSON_CreateArray();
+            cJSON_AddItemToArray(e, cJSON_CreateString(t->name));
+            cJSON_AddItemToArray(e, cJSON_CreateNumber((double)t->offset));
+            cJSON_AddItemToArray(e, cJSON_CreateNumber((double)t->rows));
+            cJSON_AddItemToArray(e, cJSON_CreateNumber((double)t->cols));
+            cJSON_AddItemToArray(tt, e);
+        }
+        const int cap = 2 * (td_tmodel_config(tm)->n_layers + 2);
+        pieces = calloc((size_t)cap, sizeof *pieces);
+        if (pieces) n_pieces = td_trainer_ckpt_pieces(tr, pieces, cap);
+    }
     char *meta = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    if (!meta) {
+    if (!meta || (comm && !pieces)) {
+        free(meta);
+        free(pieces);
         free(ts);
         free(names);
         return td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
     }
     char path[1024];
-    td_status st =
-        td_ckpt_dir_save(p->out_dir, steps, ts, nt + 2, meta, p->keep, path, sizeof path, err);
+    td_status st = comm ? td_ckpt_sharded_save(comm, p->out_dir, steps, pieces, n_pieces, meta, p->keep, path,
+                                               sizeof path, err)
+                        : td_ckpt_dir_save(p->out_dir, steps, ts, nt + 2, meta, p->keep, path, sizeof path, err);
     if (st == TD_OK && log) fprintf(log, "checkpoint %s\n", path);
+    free(pieces);
     free(meta);
     free(ts);
     free(names);
@@ -386,7 +412,6 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
     td_tmodel *tm = NULL;
     td_trainer *tr = NULL;
     int32_t *win = NULL, *tok = NULL, *tgt = NULL;
-    float *full_m = NULL, *full_v = NULL;  // ZeRO: the whole optimizer state for checkpoints
     FILE *metrics = NULL;
     const double t_start = td_now();
     td_status st = td_loader_open(&lp, &ld, err);
@@ -438,11 +463,6 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         goto done;
     size_t np;
     td_tmodel_params_buf(tm, &np);
-    if (p->out_dir && td_trainer_sharded(tr) &&
-        (!(full_m = malloc(np * sizeof(float))) || !(full_v = malloc(np * sizeof(float))))) {
-        st = td_err_set(err, TD_ERR_NOMEM, "train: out of memory for the checkpoints' optimizer state");
-        goto done;
-    }
     const size_t N = (size_t)B * T;
     win = malloc((size_t)B * (T + 1) * sizeof *win);
     tok = malloc(N * K * sizeof *tok);
@@ -522,22 +542,13 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
             fflush(metrics);
         }
         if (p->out_dir && ((p->ckpt_every > 0 && (s + 1) % p->ckpt_every == 0) || last)) {
-            const float *am, *av;
-            if (full_m) {  // collective: every rank's shard of the moments
-                if ((st = td_trainer_state_to_full(tr, full_m, full_v, err))) goto done;
-                am = full_m, av = full_v;
-            } else {
-                td_adamw *o = td_trainer_adamw(tr);
-                td_adamw_state_to_host(o);
-                am = td_adamw_host_m(o), av = td_adamw_host_v(o);
-            }
-            if (rank == 0 && (st = save(p, tm, tr, ld, am, av, log, err))) goto done;
+            td_adamw *o = td_trainer_adamw(tr);
+            if (!comm) td_adamw_state_to_host(o);
+            if ((st = save(p, tm, tr, ld, td_adamw_host_m(o), td_adamw_host_v(o), log, err))) goto done;
         }
     }
 done:
     if (metrics) fclose(metrics);
-    free(full_m);
-    free(full_v);
     free(win);
     free(tok);
     free(tgt);

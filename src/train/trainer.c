@@ -590,3 +590,27 @@ void td_trainer_state_from_full(td_trainer *t, const float *m, const float *v) {
     }
     td_adamw_state_from_host(o);
 }
+
+int td_trainer_ckpt_pieces(td_trainer *t, td_ckpt_piece *out, int cap) {
+    td_adamw *o = t->opt;
+    td_adamw_state_to_host(o);
+    td_tmodel_params_to_host(t->tm);
+    const float *w = td_tmodel_host_params(t->tm, NULL), *m = td_adamw_host_m(o), *v = td_adamw_host_v(o);
+    const bool sharded = td_trainer_sharded(t);
+    int n = 0;
+    for (int b = 0; b < t->n_buckets; b++) {
+        const bucket *k = &t->buckets[b];
+        const size_t count = k->n / (size_t)t->world, tail = k->n - count * (size_t)t->world;
+        const size_t blk = k->lo + (size_t)t->rank * count, tl = k->lo + count * (size_t)t->world;
+        // The block this rank owns (its shard's state under ZeRO; the same region of the full
+        // state otherwise), and the tail once, from rank 0.
+        if (count && n < cap)
+            out[n++] = (td_ckpt_piece){.off = blk, .n = count, .p = w + blk,
+                                       .m = sharded ? m + k->shard_off : m + blk, .v = sharded ? v + k->shard_off : v + blk};
+        if (tail && t->rank == 0 && n < cap)
+            out[n++] = (td_ckpt_piece){.off = tl, .n = tail, .p = w + tl,
+                                       .m = sharded ? m + k->shard_off + count : m + tl,
+                                       .v = sharded ? v + k->shard_off + count : v + tl};
+    }
+    return n;
+}

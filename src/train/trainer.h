@@ -13,6 +13,7 @@
 #include "dist/comm.h"
 #include "train/adamw.h"
 #include "train/lr.h"
+#include "train/ckpt.h"
 #include "train/model_train.h"
 
 // Gradient bucket size for data parallelism (elements; 6.5 M f32 = 25 MiB, PyTorch DDP's default).
@@ -85,6 +86,10 @@ td_trainer_memory td_trainer_memory_of(const td_trainer *t);
 bool td_trainer_sharded(const td_trainer *t);  // ZeRO-1/2 over more than one rank
 td_status td_trainer_state_to_full(td_trainer *t, float *m, float *v, td_err *err);
 void td_trainer_state_from_full(td_trainer *t, const float *m, const float *v);
+// This rank's share of a sharded checkpoint (ckpt.h): the block of every bucket it owns (rank 0
+// also the tails), with parameters and moments from the host views (synced first). Every element
+// is in exactly one rank's pieces. Returns the count (at most 2 per bucket).
+int td_trainer_ckpt_pieces(td_trainer *t, td_ckpt_piece *out, int cap);
 long td_trainer_step_count(const td_trainer *t);  // steps taken (== the optimizer's count)
 
 #endif

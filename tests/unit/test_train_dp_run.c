@@ -131,7 +131,7 @@ static void check_world(int world, int zero) {
     CHECK(same, "%d ranks, ZeRO %d: %d metrics lines, the losses of one rank accumulating the same micro-batches "
                 "bit for bit, world_size %d (first %s vs %s)", world, zero, n, world, n ? loss[0] : "-", ref_loss[0]);
     char a[500], b[500];
-    snprintf(a, sizeof a, "%s/ckpt-%06d.tdck", out, STEPS);
+    snprintf(a, sizeof a, "%s/ckpt-%06d", out, STEPS);  // a sharded checkpoint (a directory)
     snprintf(b, sizeof b, "%s/ref%d/ckpt-%06d.tdck", g_dir, world, STEPS);
     CHECK(same_ckpt(a, b), "%d ranks, ZeRO %d: the final checkpoint (weights, whole optimizer state) equals one rank's",
           world, zero);
@@ -139,7 +139,7 @@ static void check_world(int world, int zero) {
 
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "%s/train_dp_run_test", td_test_data_dir());
-    char cmd[600];
+    char cmd[2048];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", g_dir, g_dir);
     CHECK(system(cmd) == 0, "mkdir %s", g_dir);
     enum { NTOK = 6000 };
@@ -228,6 +228,51 @@ int main(void) {
         int eq = n == STEPS && nr == STEPS && w[HALF] == 3;
         for (int i = 0; eq && i < n; i++) eq = !strcmp(loss[i], ref[i]);
         CHECK(eq, "1 rank to step %d, resumed on 3 ranks (ZeRO-1): every loss equals the uninterrupted run's", HALF);
+    }
+    // Faults in sharded checkpoints (w2_z1: 2 ranks, checkpoints at steps 3 and 6): a corrupt shard
+    // of the newest is named and the previous checkpoint loads; a missing shard likewise; without
+    // its manifest a directory is no checkpoint; and training resumes from the previous one with
+    // the uninterrupted run's losses.
+    {
+        char fd[400], s6[500], sh[600];
+        snprintf(fd, sizeof fd, "%s/faults", g_dir);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s/w2_z1' '%s'", fd, g_dir, fd);
+        CHECK(system(cmd) == 0, "copy a sharded run");
+        snprintf(s6, sizeof s6, "%s/ckpt-%06d", fd, STEPS);
+        snprintf(sh, sizeof sh, "%s/shard-00001-of-00002.tdck", s6);
+        td_ckpt *ck = NULL;
+        CHECK(td_ckpt_open(s6, &ck, &err) == TD_OK, "the sharded checkpoint opens: %s", err.msg);
+        td_ckpt_close(ck);
+        snprintf(cmd, sizeof cmd, "cp '%s' '%s.orig' && printf 'X' | dd of='%s' bs=1 seek=200 conv=notrunc 2>/dev/null", sh,
+                 sh, sh);
+        CHECK(system(cmd) == 0, "corrupt a byte of shard 1");
+        CHECK(td_ckpt_open(s6, &ck, &err) == TD_ERR_FORMAT && strstr(err.msg, "shard-00001-of-00002.tdck"),
+              "a corrupt shard is named: %s", err.msg);
+        int64_t step = -1;
+        CHECK(td_ckpt_dir_load_latest(fd, &ck, &step, &err) == TD_OK && step == HALF,
+              "the previous complete checkpoint (step %d) loads instead (got %lld)", HALF, (long long)step);
+        td_ckpt_close(ck);
+        snprintf(cmd, sizeof cmd, "mv '%s.orig' '%s' && rm '%s/shard-00000-of-00002.tdck'", sh, sh, s6);
+        CHECK(system(cmd) == 0, "restore shard 1, delete shard 0");
+        CHECK(td_ckpt_open(s6, &ck, &err) == TD_ERR_FORMAT && strstr(err.msg, "shard-00000-of-00002.tdck is missing"),
+              "a missing shard is named: %s", err.msg);
+        CHECK(td_ckpt_dir_load_latest(fd, &ck, &step, &err) == TD_OK && step == HALF, "and the previous one loads");
+        td_ckpt_close(ck);
+        snprintf(cmd, sizeof cmd, "rm '%s/manifest.json'", s6);
+        CHECK(system(cmd) == 0, "remove the manifest");
+        int64_t steps[8];
+        CHECK(td_ckpt_dir_list(fd, steps, 8) == 1 && steps[0] == HALF, "without a manifest it is no checkpoint");
+        char met[400];
+        snprintf(met, sizeof met, "%s/faults.jsonl", g_dir);
+        td_status st = run_world(2, 1, 4, 1, fd, met, STEPS, msg, sizeof msg);
+        CHECK(st == TD_OK, "resumed past the broken checkpoint: %s", msg);
+        char loss[STEPS + 2][48], ref[STEPS + 2][48], rp[400];
+        int w[STEPS + 2], wr[STEPS + 2];
+        snprintf(rp, sizeof rp, "%s/ref2.jsonl", g_dir);
+        const int n = read_metrics(met, loss, STEPS + 2, w), nr = read_metrics(rp, ref, STEPS + 2, wr);
+        int eq = n == STEPS - HALF && nr == STEPS;
+        for (int i = 0; eq && i < n; i++) eq = !strcmp(loss[i], ref[HALF + i]);
+        CHECK(eq, "the steps after the previous checkpoint log the uninterrupted losses (%d lines)", n);
     }
     // A global batch the ranks cannot divide.
     {

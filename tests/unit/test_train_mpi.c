@@ -263,7 +263,7 @@ int main(void) {
                             "--metrics", m, NULL};
         pid_t job = start(2, "kill_a", ek);
         char ck[500];
-        snprintf(ck, sizeof ck, "%s/ckpt-000010.tdck", out);
+        snprintf(ck, sizeof ck, "%s/ckpt-000010/manifest.json", out);  // the first sharded checkpoint
         const double t0 = now_s();
         while (access(ck, F_OK) && now_s() - t0 < 60) usleep(20000);
         pid_t victim = find_rank(1);
