@@ -548,30 +548,6 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
 
 bool td_trainer_sharded(const td_trainer *t) { return t->comm && t->p.zero > 0; }
 
-// The shard's moments (host memory: data parallelism needs a host backend) gathered bucket by
-// bucket: block r of every rank lands at lo + r count, the tail (the same everywhere) is copied.
-td_status td_trainer_state_to_full(td_trainer *t, float *m, float *v, td_err *err) {
-    td_adamw *o = t->opt;
-    td_adamw_state_to_host(o);
-    const float *sm = td_adamw_host_m(o), *sv = td_adamw_host_v(o);
-    if (!td_trainer_sharded(t)) {
-        memcpy(m, sm, td_adamw_size(o) * sizeof(float));
-        memcpy(v, sv, td_adamw_size(o) * sizeof(float));
-        return TD_OK;
-    }
-    for (int b = 0; b < t->n_buckets; b++) {
-        const bucket *k = &t->buckets[b];
-        const size_t tail = k->n - k->count * (size_t)t->world;
-        td_status st;
-        if (k->count && ((st = td_comm_allgather(t->comm, sm + k->shard_off, m + k->lo, k->count, TD_COMM_F32, err)) ||
-                         (st = td_comm_allgather(t->comm, sv + k->shard_off, v + k->lo, k->count, TD_COMM_F32, err))))
-            return st;
-        memcpy(m + k->lo + k->count * (size_t)t->world, sm + k->shard_off + k->count, tail * sizeof(float));
-        memcpy(v + k->lo + k->count * (size_t)t->world, sv + k->shard_off + k->count, tail * sizeof(float));
-    }
-    return TD_OK;
-}
-
 void td_trainer_state_from_full(td_trainer *t, const float *m, const float *v) {
     td_adamw *o = t->opt;
     float *sm = td_adamw_host_m(o), *sv = td_adamw_host_v(o);

@@ -79,12 +79,9 @@ typedef struct td_trainer_memory {
 } td_trainer_memory;
 td_trainer_memory td_trainer_memory_of(const td_trainer *t);
 
-// The AdamW moments in parameter order ([n_params] host arrays each), whatever the sharding, so a
-// checkpoint is the same file at any world size and ZeRO stage (and resumes at any other).
-// to_full is collective under ZeRO (every rank calls it; every rank receives the whole state);
-// from_full takes this rank's shard (or everything) from the whole state, locally.
+// Resuming: this rank's shard (or everything) of the AdamW moments taken from the whole state in
+// parameter order ([n_params] host arrays each, as a checkpoint holds it at any world size).
 bool td_trainer_sharded(const td_trainer *t);  // ZeRO-1/2 over more than one rank
-td_status td_trainer_state_to_full(td_trainer *t, float *m, float *v, td_err *err);
 void td_trainer_state_from_full(td_trainer *t, const float *m, const float *v);
 // This rank's share of a sharded checkpoint (ckpt.h): the block of every bucket it owns (rank 0
 // also the tails), with parameters and moments from the host views (synced first). Every element
