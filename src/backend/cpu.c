@@ -86,7 +86,7 @@ CPU_BWD(mm_bwd_w, td_mm_bwd_args, td_ref_mm_bwd_w)
 CPU_BWD(rmsnorm_bwd_x, td_rmsnorm_bwd_args, td_ref_rmsnorm_bwd_x)
 CPU_BWD(rmsnorm_bwd_w, td_rmsnorm_bwd_args, td_ref_rmsnorm_bwd_w)
 CPU_BWD(attention_bwd_ref, td_attention_bwd_args, td_ref_attention_bwd)
-CPU_BWD(swiglu_bwd, td_swiglu_bwd_args, td_ref_swiglu_bwd)
+CPU_BWD(swiglu_bwd_ref, td_swiglu_bwd_args, td_ref_swiglu_bwd)
 CPU_BWD(embed_bwd, td_embed_bwd_args, td_ref_embed_bwd)
 CPU_BWD(xent_ref, td_xent_args, td_ref_xent)
 // The optimizer's kernels, one slice per worker: sumsq's partials are indexed by ith, so the
@@ -127,7 +127,17 @@ static void cpu_bf16_gemm(void *ctx_, const td_bf16_gemm_args *a) {
 #ifdef TD_KERNELS_X86
 CPU_BWD(attention_bwd_x86, td_attention_bwd_args, td_x86_attention_bwd)
 CPU_BWD(xent_x86, td_xent_args, td_x86_xent)
+CPU_BWD(swiglu_bwd_x86, td_swiglu_bwd_args, td_x86_swiglu_bwd)
 #endif
+static void cpu_swiglu_bwd(void *ctx_, const td_swiglu_bwd_args *a) {
+#ifdef TD_KERNELS_X86
+    if (a->fast && ((cpu_ctx *)ctx_)->train_x86) {
+        cpu_swiglu_bwd_x86(ctx_, a);
+        return;
+    }
+#endif
+    cpu_swiglu_bwd_ref(ctx_, a);
+}
 static void cpu_attention_bwd(void *ctx_, const td_attention_bwd_args *a) {
 #ifdef TD_KERNELS_X86
     if (a->fast && ((cpu_ctx *)ctx_)->train_x86 && a->head_dim <= TD_X86_ATTN_BWD_MAX_HD) {

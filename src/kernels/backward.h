@@ -106,6 +106,7 @@ typedef struct td_swiglu_bwd_args {
     const float *gate, *up, *dh;  // [n]
     float *dgate, *dup;           // [n]; dgate may equal dh
     int64_t n;
+    int fast;  // 1: a backend may use a vector exp (the CPU's AVX-512 kernel, td_x86_exp's ~1 ulp)
 } td_swiglu_bwd_args;
 void td_ref_swiglu_bwd(const td_swiglu_bwd_args *a, int ith, int nth);
 

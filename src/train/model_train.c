@@ -889,7 +889,8 @@ static void layer_backward(td_tmodel *tm, int l, const layer_acts *a) {
                              .dh = tm->dh,
                              .dgate = tm->dh,
                              .dup = tm->dup,
-                             .n = (int64_t)N * F};
+                             .n = (int64_t)N * F,
+                             .fast = is_bf16(tm)};
     td_backend_swiglu_bwd(tm->be, &sw);
     mm_bwd(tm, w->w_gate, a->xn2, tm->dh, tm->dxn, g->w_gate, NULL, F, D, 0, 0);
     mm_bwd(tm, w->w_up, a->xn2, tm->dup, tm->dxn, g->w_up, NULL, F, D, 1, 0);

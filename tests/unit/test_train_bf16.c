@@ -254,6 +254,31 @@ static void check_fast(void) {
         }
         free(z), free(z2), free(l1), free(l2);
     }
+    {  // swiglu: dup within 8 u |dup|, dgate within 8 u |dh u s| (1 + |g|) (a ~1 ulp exp, a divide,
+       // products; 1 + g (1 - s) cancels near g = -1.28, so its terms, not its value, set the scale)
+        const int n = 1000 + 7;
+        float *g = rand_arr(n, 8), *up = rand_arr(n, 2), *dh = rand_arr(n, 1);
+        float *r[2][2];
+        for (int f = 0; f < 2; f++) {
+            r[f][0] = rand_arr(n, 1), r[f][1] = rand_arr(n, 1);
+            td_swiglu_bwd_args a = {.gate = g, .up = up, .dh = dh, .dgate = r[f][0], .dup = r[f][1], .n = n, .fast = f};
+            for (int i = 0; i < 3; i++) (f ? td_x86_swiglu_bwd : td_ref_swiglu_bwd)(&a, i, 3);
+        }
+        int bad = 0;  // dgate = dh u s (1 + g (1 - s)) cancels near g = -1.28: bound it by its terms
+        for (int i = 0; i < n; i++) {
+            const double sg = 1.0 / (1.0 + exp(-(double)g[i])), mag = fabs(dh[i] * up[i] * sg) * (1.0 + fabs(g[i]));
+            if (!(fabs(r[0][0][i] - r[1][0][i]) <= 8 * u * mag + 0x1p-126)) bad++;
+            if (!(fabs(r[0][1][i] - r[1][1][i]) <= 8 * u * fabs(r[0][1][i]) + 0x1p-126)) bad++;
+        }
+        CHECK(bad == 0, "fast swiglu_bwd: %d values beyond the bound", bad);
+        // dgate may be dh (in place)
+        float *dh2 = copy(dh, n);
+        td_swiglu_bwd_args a = {.gate = g, .up = up, .dh = dh2, .dgate = dh2, .dup = r[1][1], .n = n, .fast = 1};
+        td_x86_swiglu_bwd(&a, 0, 1);
+        CHECK(!memcmp(dh2, r[1][0], sizeof(float) * n), "fast swiglu_bwd in place");
+        free(g), free(up), free(dh), free(dh2);
+        for (int f = 0; f < 2; f++) free(r[f][0]), free(r[f][1]);
+    }
     static const int shapes[][5] = {{2, 37, 4, 2, 12}, {1, 16, 2, 2, 64}, {2, 50, 6, 3, 24}, {1, 33, 2, 1, 128}, {3, 5, 1, 1, 16}};
     for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
         const int S = shapes[c][0], T = shapes[c][1], H = shapes[c][2], KV = shapes[c][3], hd = shapes[c][4];

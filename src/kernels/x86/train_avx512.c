@@ -56,6 +56,23 @@ void td_x86_xent(const td_xent_args *a, int ith, int nth) {
     }
 }
 
+void td_x86_swiglu_bwd(const td_swiglu_bwd_args *a, int ith, int nth) {
+    long lo, hi;
+    td_split((long)((a->n + 15) / 16), ith, nth, &lo, &hi);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (long b = lo; b < hi; b++) {
+        const int64_t i = 16 * (int64_t)b;
+        const __mmask16 mk = td_x86_mask16(a->n - i);
+        const __m512 g = _mm512_maskz_loadu_ps(mk, a->gate + i), u = _mm512_maskz_loadu_ps(mk, a->up + i);
+        const __m512 dh = _mm512_maskz_loadu_ps(mk, a->dh + i);
+        const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, td_x86_exp(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        _mm512_mask_storeu_ps(a->dup + i, mk, _mm512_mul_ps(_mm512_mul_ps(dh, g), s));
+        _mm512_mask_storeu_ps(a->dgate + i, mk,
+                              _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(dh, u), s),
+                                            _mm512_fmadd_ps(g, _mm512_sub_ps(one, s), one)));
+    }
+}
+
 // nd = ceil(head_dim / 16) vectors per row (the last masked), a constant in each instance.
 TD_X86_INL void attn_bwd(const td_attention_bwd_args *a, int ith, int nth, const int nd) {
     const int hd = a->head_dim, nh = a->n_heads, nkv = a->n_kv_heads, T = a->seq_len, group = nh / nkv;

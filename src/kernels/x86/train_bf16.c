@@ -18,6 +18,8 @@ enum {
     R = 2,                 // 16-column groups per register tile
     T = 8,                 // rows of A (and C) per register tile
     KC = 512,              // pairs of k per chunk: an A tile of 8 x 512 pairs is 16 KiB (L1)
+    MP = 64,               // trans_a: rows of A converted together (a[k, m]'s rows read 256 bytes at a
+                           // time, not 32: whole cache lines, and 8x fewer pages per row of tiles)
     L2_BYTES = 512 * 1024, // packed B of one chunk kept hot while every row tile passes over it
 };
 
@@ -95,18 +97,20 @@ static inline void a_row(const float *a, int k, int i, int c0, int nc, uint32_t 
     }
 }
 
-// Rows i0 .. i0 + 7 of A = a^T (trans 1: a is [k, m]), pairs [c0, c0 + nc), into out[p][8]: the
-// pair of k = 2p, 2p + 1 for the 8 rows, 32 bytes per pair; rows past m are zero.
+// Rows i0 .. i0 + MP - 1 of A = a^T (trans 1: a is [k, m]), pairs [c0, c0 + nc), into out[p][MP]:
+// the pair of k = 2p, 2p + 1 for the MP rows, 4 bytes each; rows past m are zero.
 static inline void a_trans(const float *a, int m, int k, int i0, int c0, int nc, uint32_t *out) {
-    const __mmask8 mk = (__mmask8)(m - i0 >= 8 ? 0xff : (1u << (m - i0)) - 1);
-    const __m256i idx = _mm256_set_epi16(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
     for (int p = 0; p < nc; p++) {
         const int kk = 2 * (c0 + p);
         const float *r = a + (size_t)kk * m + i0;
-        const __m256 x0 = _mm256_maskz_loadu_ps(mk, r);
-        const __m256 x1 = kk + 1 < k ? _mm256_maskz_loadu_ps(mk, r + m) : _mm256_setzero_ps();
-        _mm256_store_si256((__m256i *)(out + (size_t)p * T),
-                           _mm256_permutexvar_epi16(idx, (__m256i)_mm256_cvtne2ps_pbh(x1, x0)));
+        const int two = kk + 1 < k;
+TD_UNROLL
+        for (int s = 0; s < MP / 16; s++) {
+            const __mmask16 mk = td_x86_mask16(m - i0 - 16 * s);
+            const __m512 x0 = _mm512_maskz_loadu_ps(mk, r + 16 * s);
+            const __m512 x1 = two ? _mm512_maskz_loadu_ps(mk, r + m + 16 * s) : _mm512_setzero_ps();
+            _mm512_store_si512(out + (size_t)p * MP + 16 * s, interleave_pairs(x0, x1));
+        }
     }
 }
 
@@ -139,8 +143,9 @@ TD_X86_INL void gemm(const td_bf16_gemm_args *a, int ith, int nth, const int tra
         ilo *= T, ihi = ihi * T < m ? ihi * T : m;
     }
     if (glo >= ghi || ilo >= ihi) return;
-    uint32_t xbuf[T * KC] __attribute__((aligned(64)));
-    const int ts = trans ? 1 : KC, ps = trans ? T : 1;
+    uint32_t xbuf[MP * KC] __attribute__((aligned(64)));  // trans: [KC][MP]; else [T][KC]
+    const int ts = trans ? 1 : KC, ps = trans ? MP : 1;
+    const int panel = trans ? MP : T;  // rows of A converted at a time
     for (int c0 = 0; c0 < kp; c0 += KC) {
         const int nc = kp - c0 < KC ? kp - c0 : KC;
         const int first = c0 == 0, last = c0 + nc == kp;
@@ -148,11 +153,12 @@ TD_X86_INL void gemm(const td_bf16_gemm_args *a, int ith, int nth, const int tra
         if (block < R) block = R;
         for (long b0 = glo; b0 < ghi; b0 += block) {
             const long b1 = ghi - b0 < block ? ghi : b0 + block;
-            for (long i0 = ilo; i0 < ihi; i0 += T) {
+            for (long ip = ilo; ip < ihi; ip += panel) {
+              if (trans) a_trans(a->a, m, k, (int)ip, c0, nc, xbuf);
+              for (long i0 = ip; i0 < ihi && i0 < ip + panel; i0 += T) {
                 const int tv = ihi - i0 < T ? (int)(ihi - i0) : T;
-                if (trans) {
-                    a_trans(a->a, m, k, (int)i0, c0, nc, xbuf);
-                } else {
+                const uint32_t *xt = trans ? xbuf + (i0 - ip) : xbuf;
+                if (!trans) {
                     for (int t = 0; t < tv; t++) a_row(a->a, k, (int)i0 + t, c0, nc, xbuf + (size_t)t * KC);
                     for (int t = tv; t < T; t++) memset(xbuf + (size_t)t * KC, 0, (size_t)nc * 4);
                 }
@@ -171,7 +177,7 @@ TD_UNROLL
                                             ? _mm512_maskz_loadu_ps(mk, a->c + (size_t)(i0 + t) * n + (g0 + r) * 16)
                                             : _mm512_setzero_ps();
                     }
-                    tile(gp, xbuf, ts, ps, nc, acc);
+                    tile(gp, xt, ts, ps, nc, acc);
                     for (int r = 0; r < rv; r++) {
                         const int64_t col = (g0 + r) * 16;
                         const __mmask16 mk = td_x86_mask16(n - col);
@@ -182,6 +188,7 @@ TD_UNROLL
                                                   add ? _mm512_add_ps(acc[r][t], bias) : acc[r][t]);
                     }
                 }
+              }
             }
         }
     }

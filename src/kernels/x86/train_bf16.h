@@ -19,6 +19,7 @@ void td_x86_bf16_gemm(const td_bf16_gemm_args *a, int ith, int nth);
 int td_x86_train_avx512_available(void);
 void td_x86_xent(const td_xent_args *a, int ith, int nth);
 void td_x86_attention_bwd(const td_attention_bwd_args *a, int ith, int nth);
+void td_x86_swiglu_bwd(const td_swiglu_bwd_args *a, int ith, int nth);
 #endif
 
 #endif
