@@ -4,7 +4,8 @@
 // without bias; RMSNorm; RoPE both styles; KV writes into a paged cache of every element type,
 // byte for byte; attention with GQA at head_dim 64/128/256 on the split-K and tiled paths;
 // SwiGLU, add, embedding rows of every type, get_rows), every training slot, a random-weight
-// model's forward (BF16 and Q8_0) against the CPU's, token by token, and the NCCL all-reduce
+// model's forward (BF16 and Q8_0) against the CPU's, token by token, the engine on the GPU against
+// the engine on the CPU (engine_compare.h: batched greedy requests, token for token), and the NCCL all-reduce
 // across all visible GPUs. Exits 77 (skipped) without a GPU: nothing here passes without running.
 //
 // Tolerances. Two f32 sums of the same n products in different orders differ by at most
@@ -34,6 +35,7 @@ int main(void) {
 #include "kernels/kernels.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "engine_compare.h"
 #include "test_forward_model.h"
 #include "test_util.h"
 #ifdef TANDEM_HAVE_NCCL
@@ -648,6 +650,9 @@ int main(void) {
     test_kv_attention();
     test_train();
     test_forward();
+    // The engine on the GPU against the engine on the CPU, greedy, token for token: the F32 model
+    // (cuBLAS SGEMM and the f32 kernels: the same products summed in another order).
+    ec_compare("cuda", "llama2-f32.gguf", 1e-4);
 #ifdef TANDEM_HAVE_NCCL
     test_nccl();
 #else

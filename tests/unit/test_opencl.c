@@ -28,6 +28,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
+#include "engine_compare.h"
 #include "test_forward_model.h"
 #include "test_util.h"
 
@@ -310,117 +311,11 @@ static void test_kv_attention(void) {
         }
 }
 
-// ---- the engine on both backends
-
-typedef struct res {
-    bool done;
-    td_status st;
-    int ntok;
-    int32_t tok[64];
-    float lp[64];
-} res;
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
-
-static void s_token(void *ctx, const td_gen_token *t) {
-    res *r = ctx;
-    if (t->prompt) return;
-    pthread_mutex_lock(&g_mu);
-    if (r->ntok < 64) r->tok[r->ntok] = t->token, r->lp[r->ntok] = t->has_logprob ? t->logprob : 1.0f, r->ntok++;
-    pthread_mutex_unlock(&g_mu);
-}
-static void s_finish(void *ctx, int index, td_finish_reason why, const char *tail, size_t len) {
-    (void)ctx, (void)index, (void)why, (void)tail, (void)len;
-}
-static void s_done(void *ctx, const td_gen_usage *u, td_status st, const char *msg) {
-    (void)u, (void)msg;
-    res *r = ctx;
-    pthread_mutex_lock(&g_mu);
-    r->st = st, r->done = true;
-    pthread_cond_broadcast(&g_cv);
-    pthread_mutex_unlock(&g_mu);
-}
-
-enum { N_REQ = 5, GEN = 24 };
-
-// Runs N_REQ greedy requests at once (prompts of 1..53 tokens, so prefill chunks and decode steps
-// share batches) on an engine over the named backend; false if it could not.
-static bool run_engine(const td_model *m, td_tokenizer *tok, const char *backend, res *out) {
-    td_eng_params p = td_eng_default_params();
-    p.max_seqs = 4;  // fewer than the requests: one waits, then joins running ones
-    p.max_batched_tokens = 32;
-    p.kv_blocks = 64;
-    p.n_threads = 2;
-    p.backend = backend;
-    p.debug_checks = true;
-    td_eng *e = NULL;
-    td_err err = {0};
-    if (td_eng_create(m, tok, &p, &e, &err) != TD_OK) {
-        CHECK(0, "engine on %s: %s", backend, err.msg);
-        return false;
-    }
-    static int32_t prompts[N_REQ][64];
-    const int n_prompt[N_REQ] = {1, 9, 53, 17, 30};
-    uint64_t s = 99;
-    for (int r = 0; r < N_REQ; r++)
-        for (int i = 0; i < n_prompt[r]; i++) prompts[r][i] = (int32_t)((frand(&s) + 1) * 0.5f * (m->cfg.vocab_size - 1));
-    for (int r = 0; r < N_REQ; r++) {
-        memset(&out[r], 0, sizeof out[r]);
-        td_gen_request g;
-        memset(&g, 0, sizeof g);
-        g.prompt = prompts[r], g.n_prompt = n_prompt[r], g.n = 1, g.max_tokens = GEN, g.top_p = 1;
-        g.repetition_penalty = 1, g.prompt_logprobs = -1, g.ignore_eos = true;  // temperature 0: greedy
-        td_gen_sink sk = {&out[r], s_token, s_finish, s_done};
-        td_engine_handle h;
-        CHECK(td_eng_submit(e, &g, &sk, &h, &err) == TD_OK, "submit on %s: %s", backend, err.msg);
-    }
-    struct timespec end;
-    clock_gettime(CLOCK_REALTIME, &end);
-    end.tv_sec += 60;  // bounded: a hang is a failure
-    pthread_mutex_lock(&g_mu);
-    for (int r = 0; r < N_REQ; r++)
-        while (!out[r].done)
-            if (pthread_cond_timedwait(&g_cv, &g_mu, &end)) break;
-    pthread_mutex_unlock(&g_mu);
-    td_eng_free(e);
-    bool ok = true;
-    for (int r = 0; r < N_REQ; r++) ok &= out[r].done && out[r].st == TD_OK && out[r].ntok == GEN;
-    CHECK(ok, "every request on %s finished with %d tokens", backend, GEN);
-    return ok;
-}
-
-// Reference model files (tests/reference/make_models.py): llama2 in F32, qwen3 (qk-norm, GQA) in
-// Q8_0, mistral in BF16, each with the tokenizer it carries.
+// The engine on OpenCL against the engine on the CPU (engine_compare.h): llama2 in F32, qwen3
+// (qk-norm, GQA) in Q8_0, mistral in BF16.
 static void test_engine(void) {
     const char *files[] = {"llama2-f32.gguf", "qwen3-q8_0.gguf", "mistral-bf16.gguf"};
-    for (int fi = 0; fi < 3; fi++) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/ref/%s", td_test_data_dir(), files[fi]);
-        td_model *m = NULL;
-        td_tokenizer *tok = NULL;
-        td_err err = {0};
-        if (td_model_load(path, &m, &err) != TD_OK || td_tokenizer_load(path, &tok, &err) != TD_OK) {
-            CHECK(0, "load %s: %s (run tests/oracle/gen first)", path, err.msg);
-            if (m) td_model_free(m);
-            continue;
-        }
-        res a[N_REQ], b[N_REQ];
-        if (run_engine(m, tok, "cpu", a) && run_engine(m, tok, "opencl", b)) {
-            int same = 0;
-            double dlp = 0;
-            for (int r = 0; r < N_REQ; r++) {
-                same += !memcmp(a[r].tok, b[r].tok, sizeof(int32_t) * GEN);
-                for (int i = 0; i < GEN; i++) dlp = fmax(dlp, fabs((double)a[r].lp[i] - b[r].lp[i]));
-            }
-            CHECK(same == N_REQ, "%s: greedy tokens on opencl equal the cpu engine's (%d of %d requests)", files[fi],
-                  same, N_REQ);
-            CHECK(dlp < 1e-4, "%s: token logprobs within 1e-4 (max diff %.2e)", files[fi], dlp);
-            printf("engine, %s, %d requests x %d tokens: tokens equal, max |dlogprob| %.2e\n", files[fi], N_REQ, GEN,
-                   dlp);
-        }
-        td_tokenizer_free(tok);
-        td_model_free(m);
-    }
+    for (int fi = 0; fi < 3; fi++) ec_compare("opencl", files[fi], 1e-4);
 }
 
 // A model with weights the backend has no kernels for is refused by name.
