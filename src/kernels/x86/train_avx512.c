@@ -16,6 +16,7 @@
 #include "kernels/x86/avx512_impl.h"
 
 enum { BQ = 16 };  // queries per block (attention backward)
+#define QS TD_X86_ATTN_BWD_MAX_HD  // row stride of the block's local copies of q and dout
 
 int td_x86_train_avx512_available(void) { return td_x86_has_avx512(); }
 
@@ -73,6 +74,19 @@ void td_x86_swiglu_bwd(const td_swiglu_bwd_args *a, int ith, int nth) {
     }
 }
 
+// dst[c][r] = src[r][c] for a 16 x 16 block (rows past nr read as zero; only nc < 16 rows of dst
+// written when the block is cut short), through L1: 16 row loads, 16 gathers.
+static inline void transpose16(const float *src, size_t ld, int nr, int nc, float *dst, size_t ldd) {
+    float blk[16][16] __attribute__((aligned(64)));
+    const __mmask16 mc = td_x86_mask16(nc);
+    for (int r = 0; r < 16; r++)
+        _mm512_store_ps(blk[r], r < nr ? _mm512_maskz_loadu_ps(mc, src + (size_t)r * ld) : _mm512_setzero_ps());
+    const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32(16));
+    for (int c = 0; c < 16 && c < nc; c++)
+        _mm512_storeu_ps(dst + (size_t)c * ldd, _mm512_i32gather_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(c)), &blk[0][0], 4));
+}
+
 // nd = ceil(head_dim / 16) vectors per row (the last masked), a constant in each instance.
 TD_X86_INL void attn_bwd(const td_attention_bwd_args *a, int ith, int nth, const int nd) {
     const int hd = a->head_dim, nh = a->n_heads, nkv = a->n_kv_heads, T = a->seq_len, group = nh / nkv;
@@ -93,23 +107,25 @@ TD_X86_INL void attn_bwd(const td_attention_bwd_args *a, int ith, int nth, const
         for (int j = 0; j < T; j++) {
             memset(KV(a->dk, j), 0, sizeof(float) * (size_t)hd);
             memset(KV(a->dv, j), 0, sizeof(float) * (size_t)hd);
-            for (int d = 0; d < hd; d++) kt[(size_t)d * Tp + j] = KV(a->k, j)[d], vt[(size_t)d * Tp + j] = KV(a->v, j)[d];
         }
-        for (int j = T; j < Tp; j++)
-            for (int d = 0; d < hd; d++) kt[(size_t)d * Tp + j] = vt[(size_t)d * Tp + j] = 0.0f;
+        for (int j0 = 0; j0 < Tp; j0 += 16)
+            for (int d0 = 0; d0 < hd; d0 += 16) {
+                transpose16(KV(a->k, j0) + d0, (size_t)nkv * hd, T - j0, hd - d0, kt + (size_t)d0 * Tp + j0, Tp);
+                transpose16(KV(a->v, j0) + d0, (size_t)nkv * hd, T - j0, hd - d0, vt + (size_t)d0 * Tp + j0, Tp);
+            }
         for (int h = kh * group; h < (kh + 1) * group; h++) {
             for (int t0 = 0; t0 < T; t0 += BQ) {
                 const int nq = T - t0 < BQ ? T - t0 : BQ, kmax = t0 + nq, nj = (kmax + 15) / 16;
                 // The block's queries and output gradients, contiguous (rows past the end zero).
-                float qb[BQ * TD_X86_ATTN_BWD_MAX_HD] __attribute__((aligned(64)));
-                float ob[BQ * TD_X86_ATTN_BWD_MAX_HD] __attribute__((aligned(64)));
+                float qb[BQ * QS] __attribute__((aligned(64)));  // row stride QS: constant offsets
+                float ob[BQ * QS] __attribute__((aligned(64)));
                 for (int i = 0; i < BQ; i++) {
                     if (i < nq) {
-                        memcpy(qb + i * hd, QH(a->q, t0 + i, h), sizeof(float) * (size_t)hd);
-                        memcpy(ob + i * hd, QH(a->dout, t0 + i, h), sizeof(float) * (size_t)hd);
+                        memcpy(qb + i * QS, QH(a->q, t0 + i, h), sizeof(float) * (size_t)hd);
+                        memcpy(ob + i * QS, QH(a->dout, t0 + i, h), sizeof(float) * (size_t)hd);
                     } else {
-                        memset(qb + i * hd, 0, sizeof(float) * (size_t)hd);
-                        memset(ob + i * hd, 0, sizeof(float) * (size_t)hd);
+                        memset(qb + i * QS, 0, sizeof(float) * (size_t)hd);
+                        memset(ob + i * QS, 0, sizeof(float) * (size_t)hd);
                     }
                 }
                 // S = Q K^T (into P) and dP = dO V^T (into dS), 16 keys at a time.
@@ -121,7 +137,7 @@ TD_X86_INL void attn_bwd(const td_attention_bwd_args *a, int ith, int nth, const
                         for (int d = 0; d < hd; d++) {
                             const __m512 kv = _mm512_loadu_ps(mt + (size_t)d * Tp);
 TD_UNROLL_N("GCC unroll 16")
-                            for (int i = 0; i < BQ; i++) s[i] = _mm512_fmadd_ps(_mm512_set1_ps(src[i * hd + d]), kv, s[i]);
+                            for (int i = 0; i < BQ; i++) s[i] = _mm512_fmadd_ps(_mm512_set1_ps(src[i * QS + d]), kv, s[i]);
                         }
                         float *out = (pass ? dS : P) + 16 * jb;
                         for (int i = 0; i < BQ; i++) _mm512_storeu_ps(out + (size_t)i * Tp, pass ? s[i] : _mm512_mul_ps(s[i], sc));
@@ -148,7 +164,7 @@ TD_UNROLL_N("GCC unroll 16")
                     __m512 dd = _mm512_setzero_ps();
                     for (int c = 0; c < nd; c++) {
                         const __mmask16 mk = c == nd - 1 ? mlast : (__mmask16)0xffff;
-                        dd = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, ob + i * hd + 16 * c),
+                        dd = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, ob + i * QS + 16 * c),
                                              _mm512_maskz_loadu_ps(mk, QH(a->out, t0 + i, h) + 16 * c), dd);
                     }
                     const __m512 il = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(lv)), D = _mm512_set1_ps(_mm512_reduce_add_ps(dd));
@@ -201,7 +217,7 @@ TD_UNROLL
                     for (int i = j > t0 ? j - t0 : 0; i < nq; i++) {
                         __m512 qv[TD_X86_ATTN_BWD_MAX_HD / 16], ov[TD_X86_ATTN_BWD_MAX_HD / 16];
 TD_UNROLL
-                        for (int c = 0; c < nd; c++) qv[c] = _mm512_maskz_loadu_ps(c == nd - 1 ? mlast : 0xffff, qb + i * hd + 16 * c), ov[c] = _mm512_maskz_loadu_ps(c == nd - 1 ? mlast : 0xffff, ob + i * hd + 16 * c);
+                        for (int c = 0; c < nd; c++) qv[c] = _mm512_maskz_loadu_ps(c == nd - 1 ? mlast : 0xffff, qb + i * QS + 16 * c), ov[c] = _mm512_maskz_loadu_ps(c == nd - 1 ? mlast : 0xffff, ob + i * QS + 16 * c);
 TD_UNROLL
                         for (int e = 0; e < 2; e++) {
                             const __m512 g = _mm512_set1_ps(dS[(size_t)i * Tp + j + e]), pp = _mm512_set1_ps(P[(size_t)i * Tp + j + e]);
