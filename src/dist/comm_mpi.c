@@ -18,7 +18,9 @@
 //
 // Memory: the requests (128 per rank, each with room for 4 x size MPI requests and size headers)
 // are allocated at creation; a reduction's staging buffer (size blocks) is kept by its request and
-// grown when a larger one is needed, so steady training steps allocate nothing.
+// grown when a larger one is needed, so steady training steps allocate nothing. A freed
+// communicator's MPI communicators (and, rarely, its memory) stay until MPI_Finalize: see
+// g_retired below for why. docs/dist.md has the costs and measurements.
 #include "dist/comm_mpi.h"
 
 #include <limits.h>
