@@ -3,6 +3,7 @@
 // name tables. Nothing here knows a particular implementation; comm_local.c is one table.
 #include "dist/comm.h"
 
+#include <math.h>
 #include <stdint.h>
 
 static const char *const KIND_NAMES[TD_COMM_KIND_N] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
@@ -193,4 +194,46 @@ td_status td_comm_send(td_comm *c, const void *buf, size_t count, td_comm_dtype 
 }
 td_status td_comm_recv(td_comm *c, void *buf, size_t count, td_comm_dtype dtype, int src, int tag, td_err *err) {
     return post_wait(c, &DESC(TD_COMM_RECV, NULL, buf, count, dtype, TD_COMM_SUM, src, tag), err);
+}
+
+// The one reduction arithmetic every implementation folds with (comm.h's determinism contract).
+void td_comm_fold(td_comm_dtype t, td_comm_op op, void *acc, const void *src, size_t n) {
+// a[i] = a[i] op b[i]; MAX and MIN take b[i] when TAKE(b[i], a[i]) says so.
+#define RED(T, SUM, TAKE_MAX, TAKE_MIN)                                             \
+    do {                                                                            \
+        T *a = acc;                                                                 \
+        const T *b = src;                                                           \
+        if (op == TD_COMM_SUM)                                                      \
+            for (size_t i = 0; i < n; i++) a[i] = SUM(a[i], b[i]);                  \
+        else if (op == TD_COMM_MAX)                                                 \
+            for (size_t i = 0; i < n; i++) a[i] = TAKE_MAX(b[i], a[i]) ? b[i] : a[i]; \
+        else                                                                        \
+            for (size_t i = 0; i < n; i++) a[i] = TAKE_MIN(b[i], a[i]) ? b[i] : a[i]; \
+    } while (0)
+#define ADD(x, y) ((x) + (y))
+#define ADD_U32(x, y) ((int32_t)((uint32_t)(x) + (uint32_t)(y)))  // wraps, no signed overflow
+#define ADD_U64(x, y) ((int64_t)((uint64_t)(x) + (uint64_t)(y)))
+#define ADD_U8(x, y) ((uint8_t)((x) + (y)))
+#define GT(x, y) ((x) > (y))
+#define LT(x, y) ((x) < (y))
+// Floats: a NaN is taken and then kept, so any rank's NaN reaches the result.
+#define GT_F(x, y) (!isnan(y) && (isnan(x) || (x) > (y)))
+#define LT_F(x, y) (!isnan(y) && (isnan(x) || (x) < (y)))
+    switch (t) {
+    case TD_COMM_F32: RED(float, ADD, GT_F, LT_F); break;
+    case TD_COMM_F64: RED(double, ADD, GT_F, LT_F); break;
+    case TD_COMM_I32: RED(int32_t, ADD_U32, GT, LT); break;
+    case TD_COMM_I64: RED(int64_t, ADD_U64, GT, LT); break;
+    case TD_COMM_U8: RED(uint8_t, ADD_U8, GT, LT); break;
+    default: TD_ASSERT(0);
+    }
+#undef RED
+#undef ADD
+#undef ADD_U32
+#undef ADD_U64
+#undef ADD_U8
+#undef GT
+#undef LT
+#undef GT_F
+#undef LT_F
 }

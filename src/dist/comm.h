@@ -88,6 +88,11 @@ typedef struct td_comm_iface {
     void (*free)(void *ctx);
 } td_comm_iface;
 
+// acc[i] = acc[i] op src[i] for i < n in the element type (integer sums wrap; MAX/MIN keep any
+// NaN): the arithmetic of every reduction, which implementations apply in rank order so that the
+// in-process, MPI and other implementations give the same bits.
+void td_comm_fold(td_comm_dtype t, td_comm_op op, void *acc, const void *src, size_t n);
+
 struct td_comm {
     const td_comm_iface *iface;
     void *ctx;        // the implementation's, for this rank

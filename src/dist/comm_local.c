@@ -217,46 +217,6 @@ static td_status broken(shared *sh, const lrank *me, const td_comm_desc *d, td_e
 
 // ---- the arithmetic
 
-static void reduce_into(td_comm_dtype t, td_comm_op op, void *acc, const void *src, size_t n) {
-// a[i] = a[i] op b[i]; MAX and MIN take b[i] when TAKE(b[i], a[i]) says so.
-#define RED(T, SUM, TAKE_MAX, TAKE_MIN)                                             \
-    do {                                                                            \
-        T *a = acc;                                                                 \
-        const T *b = src;                                                           \
-        if (op == TD_COMM_SUM)                                                      \
-            for (size_t i = 0; i < n; i++) a[i] = SUM(a[i], b[i]);                  \
-        else if (op == TD_COMM_MAX)                                                 \
-            for (size_t i = 0; i < n; i++) a[i] = TAKE_MAX(b[i], a[i]) ? b[i] : a[i]; \
-        else                                                                        \
-            for (size_t i = 0; i < n; i++) a[i] = TAKE_MIN(b[i], a[i]) ? b[i] : a[i]; \
-    } while (0)
-#define ADD(x, y) ((x) + (y))
-#define ADD_U32(x, y) ((int32_t)((uint32_t)(x) + (uint32_t)(y)))  // wraps, no signed overflow
-#define ADD_U64(x, y) ((int64_t)((uint64_t)(x) + (uint64_t)(y)))
-#define ADD_U8(x, y) ((uint8_t)((x) + (y)))
-#define GT(x, y) ((x) > (y))
-#define LT(x, y) ((x) < (y))
-// Floats: a NaN is taken and then kept, so any rank's NaN reaches the result.
-#define GT_F(x, y) (!isnan(y) && (isnan(x) || (x) > (y)))
-#define LT_F(x, y) (!isnan(y) && (isnan(x) || (x) < (y)))
-    switch (t) {
-    case TD_COMM_F32: RED(float, ADD, GT_F, LT_F); break;
-    case TD_COMM_F64: RED(double, ADD, GT_F, LT_F); break;
-    case TD_COMM_I32: RED(int32_t, ADD_U32, GT, LT); break;
-    case TD_COMM_I64: RED(int64_t, ADD_U64, GT, LT); break;
-    case TD_COMM_U8: RED(uint8_t, ADD_U8, GT, LT); break;
-    default: TD_ASSERT(0);
-    }
-#undef RED
-#undef ADD
-#undef ADD_U32
-#undef ADD_U64
-#undef ADD_U8
-#undef GT
-#undef LT
-#undef GT_F
-#undef LT_F
-}
 
 #define AT(p, i, es) ((char *)(p) + (size_t)(i) * (es))
 #define CAT(p, i, es) ((const char *)(p) + (size_t)(i) * (es))
@@ -276,7 +236,7 @@ static void run_chunk(const shared *sh, const lslot *s, long c) {
         for (; i < hi; i += blk) {
             size_t m = hi - i < blk ? hi - i : blk;
             memcpy(acc, CAT(p[0]->d.send, i, es), m * es);
-            for (int k = 1; k < size; k++) reduce_into(d->dtype, d->op, acc, CAT(p[k]->d.send, i, es), m);
+            for (int k = 1; k < size; k++) td_comm_fold(d->dtype, d->op, acc, CAT(p[k]->d.send, i, es), m);
             for (int k = 0; k < size; k++)
                 if (size > 1 || p[k]->d.recv != p[k]->d.send) memcpy(AT(p[k]->d.recv, i, es), acc, m * es);
         }
@@ -287,7 +247,7 @@ static void run_chunk(const shared *sh, const lslot *s, long c) {
             size_t o = i / count, end = (o + 1) * count < hi ? (o + 1) * count : hi;
             size_t m = end - i < blk ? end - i : blk;
             memcpy(acc, CAT(p[0]->d.send, i, es), m * es);
-            for (int k = 1; k < size; k++) reduce_into(d->dtype, d->op, acc, CAT(p[k]->d.send, i, es), m);
+            for (int k = 1; k < size; k++) td_comm_fold(d->dtype, d->op, acc, CAT(p[k]->d.send, i, es), m);
             void *dst = AT(p[o]->d.recv, i - o * count, es);
             if (dst != CAT(p[o]->d.send, i, es) || size > 1) memcpy(dst, acc, m * es);
             i += m;

@@ -444,49 +444,6 @@ static int post_phase(mctx *c, mreq *q, int phase) {
     return rc;
 }
 
-// ---- the fold (the arithmetic of comm_local.c's reduce_into, which it must equal bit for bit:
-// test_comm_mpi compares the two)
-
-static void reduce_into(td_comm_dtype t, td_comm_op op, void *acc, const void *src, size_t n) {
-// a[i] = a[i] op b[i]; MAX and MIN take b[i] when TAKE(b[i], a[i]) says so.
-#define RED(T, SUM, TAKE_MAX, TAKE_MIN)                                               \
-    do {                                                                              \
-        T *a = acc;                                                                   \
-        const T *b = src;                                                             \
-        if (op == TD_COMM_SUM)                                                        \
-            for (size_t i = 0; i < n; i++) a[i] = SUM(a[i], b[i]);                    \
-        else if (op == TD_COMM_MAX)                                                   \
-            for (size_t i = 0; i < n; i++) a[i] = TAKE_MAX(b[i], a[i]) ? b[i] : a[i]; \
-        else                                                                          \
-            for (size_t i = 0; i < n; i++) a[i] = TAKE_MIN(b[i], a[i]) ? b[i] : a[i]; \
-    } while (0)
-#define ADD(x, y) ((x) + (y))
-#define ADD_U32(x, y) ((int32_t)((uint32_t)(x) + (uint32_t)(y)))  // wraps, no signed overflow
-#define ADD_U64(x, y) ((int64_t)((uint64_t)(x) + (uint64_t)(y)))
-#define ADD_U8(x, y) ((uint8_t)((x) + (y)))
-#define GT(x, y) ((x) > (y))
-#define LT(x, y) ((x) < (y))
-// Floats: a NaN is taken and then kept, so any rank's NaN reaches the result.
-#define GT_F(x, y) (!isnan(y) && (isnan(x) || (x) > (y)))
-#define LT_F(x, y) (!isnan(y) && (isnan(x) || (x) < (y)))
-    switch (t) {
-    case TD_COMM_F32: RED(float, ADD, GT_F, LT_F); break;
-    case TD_COMM_F64: RED(double, ADD, GT_F, LT_F); break;
-    case TD_COMM_I32: RED(int32_t, ADD_U32, GT, LT); break;
-    case TD_COMM_I64: RED(int64_t, ADD_U64, GT, LT); break;
-    case TD_COMM_U8: RED(uint8_t, ADD_U8, GT, LT); break;
-    default: TD_ASSERT(0);
-    }
-#undef RED
-#undef ADD
-#undef ADD_U32
-#undef ADD_U64
-#undef ADD_U8
-#undef GT
-#undef LT
-#undef GT_F
-#undef LT_F
-}
 
 // This rank's block: ((x_0 op x_1) op x_2) ... over ranks, x_me read from the send buffer and the
 // others from stage, 4 KiB at a time; a chunk's inputs are all read before its output is written,
@@ -504,7 +461,7 @@ static void fold(const mctx *c, const mreq *q) {
         for (int k = 0; k < c->comm.size; k++) {
             const char *src = k == me ? own + i * es : (const char *)q->stage + ((size_t)k * stride + i) * es;
             if (k == 0) memcpy(acc, src, m * es);
-            else reduce_into(d->dtype, d->op, acc, src, m);
+            else td_comm_fold(d->dtype, d->op, acc, src, m);
         }
         memcpy(out + i * es, acc, m * es);
     }
