@@ -18,8 +18,8 @@ enum {
     R = 2,                 // 16-column groups per register tile
     T = 8,                 // rows of A (and C) per register tile
     KC = 512,              // pairs of k per chunk: an A tile of 8 x 512 pairs is 16 KiB (L1)
-    MP = 64,               // trans_a: rows of A converted together (a[k, m]'s rows read 256 bytes at a
-                           // time, not 32: whole cache lines, and 8x fewer pages per row of tiles)
+    MP = 128,              // trans_a: rows of A converted together (a[k, m]'s rows read 512 bytes at a
+                           // time, not 32: whole cache lines, 16x fewer pages per row of tiles)
     L2_BYTES = 512 * 1024, // packed B of one chunk kept hot while every row tile passes over it
 };
 
@@ -133,10 +133,12 @@ TD_UNROLL
 TD_X86_INL void gemm(const td_bf16_gemm_args *a, int ith, int nth, const int trans) {
     const int m = a->m, n = a->n, k = a->k, kp = (k + 1) / 2, ng = (n + 15) / 16;
     const uint32_t *b = a->b;
-    // Split over groups of columns, or over row tiles when the columns are few: either way one
-    // slice owns whole elements of c, and the sums do not depend on the split.
+    // Split over row tiles when A (m x k f32) outweighs B (n x k bf16) and there are rows enough,
+    // so each thread reads its share of the larger operand once; else over groups of columns.
+    // Either way one slice owns whole elements of c, and the sums do not depend on the split.
     long glo = 0, ghi = ng, ilo = 0, ihi = m;
-    if (ng >= 4 * nth) {
+    const int by_rows = (2 * (int64_t)m > n && m >= 4 * nth * T) || ng < 4 * nth;
+    if (!by_rows) {
         td_split(ng, ith, nth, &glo, &ghi);
     } else {
         td_split((m + T - 1) / T, ith, nth, &ilo, &ihi);
