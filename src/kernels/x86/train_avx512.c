@@ -21,6 +21,7 @@ enum { BQ = 16 };  // queries per block (attention backward)
 int td_x86_train_avx512_available(void) { return td_x86_has_avx512(); }
 
 TD_X86_TARGET_BEGIN
+#include "kernels/x86/transpose16.h"
 
 void td_x86_xent(const td_xent_args *a, int ith, int nth) {
     long lo, hi;
@@ -75,16 +76,14 @@ void td_x86_swiglu_bwd(const td_swiglu_bwd_args *a, int ith, int nth) {
 }
 
 // dst[c][r] = src[r][c] for a 16 x 16 block (rows past nr read as zero; only nc < 16 rows of dst
-// written when the block is cut short), through L1: 16 row loads, 16 gathers.
+// written when the block is cut short), in registers.
 static inline void transpose16(const float *src, size_t ld, int nr, int nc, float *dst, size_t ldd) {
-    float blk[16][16] __attribute__((aligned(64)));
+    __m512i r[16];
     const __mmask16 mc = td_x86_mask16(nc);
-    for (int r = 0; r < 16; r++)
-        _mm512_store_ps(blk[r], r < nr ? _mm512_maskz_loadu_ps(mc, src + (size_t)r * ld) : _mm512_setzero_ps());
-    const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                           _mm512_set1_epi32(16));
-    for (int c = 0; c < 16 && c < nc; c++)
-        _mm512_storeu_ps(dst + (size_t)c * ldd, _mm512_i32gather_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(c)), &blk[0][0], 4));
+    for (int i = 0; i < 16; i++)
+        r[i] = i < nr ? _mm512_castps_si512(_mm512_maskz_loadu_ps(mc, src + (size_t)i * ld)) : _mm512_setzero_si512();
+    td_x86_transpose16(r);
+    for (int c = 0; c < 16 && c < nc; c++) _mm512_storeu_si512(dst + (size_t)c * ldd, r[c]);
 }
 
 // nd = ceil(head_dim / 16) vectors per row (the last masked), a constant in each instance.

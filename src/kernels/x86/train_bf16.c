@@ -26,6 +26,7 @@ enum {
 int td_x86_train_bf16_available(void) { return td_x86_has_avx512_int8(); }
 
 TD_X86_TARGET_INT8_BEGIN
+#include "kernels/x86/transpose16.h"
 
 // 32 bf16 [lo 0..15 | hi 0..15] -> 16 words (lo_j, hi_j): the pairs of two rows, lane by lane.
 static inline __m512i interleave_pairs(__m512 lo, __m512 hi) {
@@ -54,26 +55,23 @@ void td_x86_bf16_pack(const td_bf16_pack_args *a, int ith, int nth) {
                 const __m512 x1 = 2 * p + 1 < k ? _mm512_maskz_loadu_ps(m, r0 + ld) : _mm512_setzero_ps();
                 _mm512_store_si512(out + (size_t)p * 16, interleave_pairs(x0, x1));
             }
-        } else {  // B = src^T: the group's 16 rows, 16 pairs at a time, transposed through L1
-            uint32_t rows[16][16] __attribute__((aligned(64)));
-            const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                   _mm512_set1_epi32(16));
+        } else {  // B = src^T: the group's 16 rows, 16 pairs at a time, transposed in registers
             for (int p0 = 0; p0 < kp; p0 += 16) {
                 const int e0 = 2 * p0;
                 const __mmask16 m0 = td_x86_mask16(k - e0), m1 = td_x86_mask16(k - e0 - 16);
+                __m512i rows[16];
                 for (int j = 0; j < 16; j++) {
                     if (c0 + j >= n) {
-                        _mm512_store_si512(rows[j], _mm512_setzero_si512());
+                        rows[j] = _mm512_setzero_si512();
                         continue;
                     }
                     const float *r = a->src + (size_t)(c0 + j) * ld + e0;
                     const __m512 x0 = _mm512_maskz_loadu_ps(m0, r), x1 = _mm512_maskz_loadu_ps(m1, r + 16);
-                    _mm512_store_si512(rows[j], (__m512i)_mm512_cvtne2ps_pbh(x1, x0));  // pairs p0 .. p0 + 15
+                    rows[j] = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);  // row j's pairs p0 .. p0 + 15
                 }
+                td_x86_transpose16(rows);
                 const int np = kp - p0 < 16 ? kp - p0 : 16;
-                for (int q = 0; q < np; q++)
-                    _mm512_store_si512(out + (size_t)(p0 + q) * 16,
-                                       _mm512_i32gather_epi32(_mm512_add_epi32(col, _mm512_set1_epi32(q)), &rows[0][0], 4));
+                for (int q = 0; q < np; q++) _mm512_store_si512(out + (size_t)(p0 + q) * 16, rows[q]);
             }
         }
     }
