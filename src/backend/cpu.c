@@ -95,8 +95,8 @@ CPU_BWD(sumsq, td_sumsq_args, td_ref_sumsq)
 CPU_BWD(scale, td_scale_args, td_ref_scale)
 CPU_BWD(adamw, td_adamw_args, td_ref_adamw)
 
-// The BF16 training GEMM: AVX-512 BF16 where the CPU has it and the kernel set is not "ref",
-// else the reference loops (same layouts, so the trainer never knows which ran).
+// The BF16 training GEMM: AVX-512 BF16 (the slots exist only where the CPU has it and the kernel
+// set is not "ref": cpu_iface_bf16); the reference loops behind them are a safety net.
 CPU_BWD(bf16_pack_ref, td_bf16_pack_args, td_ref_bf16_pack)
 CPU_BWD(bf16_gemm_ref, td_bf16_gemm_args, td_ref_bf16_gemm)
 #ifdef TD_KERNELS_X86
@@ -237,35 +237,38 @@ static void cpu_free(void *ctx_) {
     free(ctx);
 }
 
-static const td_backend_iface cpu_iface = {
-    .name = "cpu",
-    .free = cpu_free,
-    .matmul = cpu_matmul_dispatch,
-    .rmsnorm = cpu_rmsnorm,
-    .rope = cpu_rope,
-    .kv_write = cpu_kv_write,
-    .attention = cpu_attention,
-    .silu_mul = cpu_silu_mul,
-    .embed = cpu_embed,
-    .add = cpu_add,
-    .get_rows = cpu_get_rows,
-    .round_bf16 = cpu_round_bf16,
-    .mm_bwd = cpu_mm_bwd,
-    .rmsnorm_bwd = cpu_rmsnorm_bwd,
-    .attention_bwd = cpu_attention_bwd,
-    .swiglu_bwd = cpu_swiglu_bwd,
-    .embed_bwd = cpu_embed_bwd,
-    .xent = cpu_xent,
-    .sumsq = cpu_sumsq,
-    .scale = cpu_scale,
-    .adamw = cpu_adamw,
-    .bf16_pack = cpu_bf16_pack,
-    .bf16_gemm = cpu_bf16_gemm,
-    .pack_bytes = cpu_pack_bytes,
-    .pack = cpu_pack,
-    .buft = cpu_buft,
-    .host_buft = cpu_buft,
-};
+#define CPU_IFACE_SLOTS                \
+    .name = "cpu",                     \
+    .free = cpu_free,                  \
+    .matmul = cpu_matmul_dispatch,     \
+    .rmsnorm = cpu_rmsnorm,            \
+    .rope = cpu_rope,                  \
+    .kv_write = cpu_kv_write,          \
+    .attention = cpu_attention,        \
+    .silu_mul = cpu_silu_mul,          \
+    .embed = cpu_embed,                \
+    .add = cpu_add,                    \
+    .get_rows = cpu_get_rows,          \
+    .round_bf16 = cpu_round_bf16,      \
+    .mm_bwd = cpu_mm_bwd,              \
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,    \
+    .attention_bwd = cpu_attention_bwd, \
+    .swiglu_bwd = cpu_swiglu_bwd,      \
+    .embed_bwd = cpu_embed_bwd,        \
+    .xent = cpu_xent,                  \
+    .sumsq = cpu_sumsq,                \
+    .scale = cpu_scale,                \
+    .adamw = cpu_adamw,                \
+    .pack_bytes = cpu_pack_bytes,      \
+    .pack = cpu_pack,                  \
+    .buft = cpu_buft,                  \
+    .host_buft = cpu_buft
+// Without AVX512-BF16, or with the "ref" set, the BF16 GEMM slots stay NULL: BF16 training then
+// takes the rounded-copy path on the set's f32 matmul and the reference mm_bwd (what the
+// reference loops in the packed layouts would do slower, and what other backends do).
+static const td_backend_iface cpu_iface = {CPU_IFACE_SLOTS};
+static const td_backend_iface cpu_iface_bf16 = {CPU_IFACE_SLOTS, .bf16_pack = cpu_bf16_pack, .bf16_gemm = cpu_bf16_gemm};
+#undef CPU_IFACE_SLOTS
 
 td_backend_cpu_params td_backend_cpu_default_params(void) {
     return (td_backend_cpu_params){.n_threads = 0, .kernels = NULL};
@@ -299,6 +302,6 @@ td_status td_backend_cpu_create(const td_backend_cpu_params *p, td_backend **out
     } else if (gemm && *gemm && strcmp(gemm, "tiles")) {
         TD_LOGW("TANDEM_GEMM=%s ignored (known: tiles, dnnl)", gemm);
     }
-    return td_backend_wrap(&cpu_iface, ctx, td_pool_size(pool), out, err);
+    return td_backend_wrap(ctx->bf16_x86 ? &cpu_iface_bf16 : &cpu_iface, ctx, td_pool_size(pool), out, err);
 }
 

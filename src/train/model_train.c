@@ -77,6 +77,7 @@ struct td_tmodel {
     float *rstd;         // [N * max(nh, 1)]
     float *att_scratch;  // [n_slices, T] attention backward: one softmax row per slice
     float *xr, *dyr;     // BF16 without bf16 GEMM slots: [N, max(D, F, qd)] operands rounded to bf16
+                         // (with them: dyr [N, max(qd, kvd)] for the biases' bf16(dy), bias models only)
     float *wbf;          // BF16 without bf16 GEMM slots: [n_params] the parameters rounded to bf16
     // BF16 with the backend's bf16 GEMM slots (bf16_gemm): every matmul weight packed twice per
     // step, NK for the forward and KN for dx (td_bf16_pack_args), in b_wbf; and one activation
@@ -197,7 +198,8 @@ static void mm(td_tmodel *tm, const float *w, const float *b, const float *x, fl
 static void mm_bwd(td_tmodel *tm, const float *w, const float *x, float *dy, float *dx, float *dw,
                    float *db, int n_out, int n_in, int accumulate, int dy_scratch) {
     if (tm->bfg) {  // dx = dy W (W packed KN per backward); dW += dy^T x (x packed KN, reused
-                    // by consecutive calls on the same x: q/k/v, gate/up); db from the exact dy
+                    // by consecutive calls on the same x: q/k/v, gate/up); db sums bf16(dy), as
+                    // every BF16 path does (backends without the slots round dy in place)
         if (dx) {
             td_bf16_gemm_args g = {.a = dy, .b = bf16_packed(tm, w, 1), .c = dx, .m = tm->N, .n = n_in, .k = n_out,
                                    .accumulate = accumulate};
@@ -214,7 +216,8 @@ static void mm_bwd(td_tmodel *tm, const float *w, const float *x, float *dy, flo
             td_backend_bf16_gemm(tm->be, &g);
         }
         if (db) {
-            td_mm_bwd_args a = {.dy = dy, .db = db, .n_tok = tm->N, .n_out = n_out, .n_in = n_in};
+            round_bf16(tm, dy, tm->dyr, (size_t)tm->N * n_out);
+            td_mm_bwd_args a = {.dy = tm->dyr, .db = db, .n_tok = tm->N, .n_out = n_out, .n_in = n_in};
             td_backend_mm_bwd(tm->be, &a);
         }
         return;
@@ -416,6 +419,8 @@ static size_t carve_acts(td_tmodel *tm, float *base) {
         wmax = wmax > qd ? wmax : qd;
         TAKE(tm->xr, N * wmax);
         TAKE(tm->dyr, N * wmax);
+    } else if (tm->bfg && tm->c.qkv_bias) {  // bf16(dy) for the q/k/v bias gradients
+        TAKE(tm->dyr, N * (qd > kvd ? qd : kvd));
     }
 #undef TAKE
     return off;
