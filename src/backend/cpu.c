@@ -93,7 +93,21 @@ CPU_BWD(xent_ref, td_xent_args, td_ref_xent)
 // pool's size is the n_slices the caller sized them for.
 CPU_BWD(sumsq, td_sumsq_args, td_ref_sumsq)
 CPU_BWD(scale, td_scale_args, td_ref_scale)
-CPU_BWD(adamw, td_adamw_args, td_ref_adamw)
+CPU_BWD(adamw_ref, td_adamw_args, td_ref_adamw)
+#ifdef TD_KERNELS_X86
+CPU_BWD(adamw_x86, td_adamw_args, td_x86_adamw)
+#endif
+// AdamW: the AVX-512 loop where it runs (the reference's bits, 16 lanes at a time) unless the set
+// is "ref".
+static void cpu_adamw(void *ctx_, const td_adamw_args *a) {
+#ifdef TD_KERNELS_X86
+    if (((cpu_ctx *)ctx_)->train_x86) {
+        cpu_adamw_x86(ctx_, a);
+        return;
+    }
+#endif
+    cpu_adamw_ref(ctx_, a);
+}
 
 // The BF16 training GEMM: AVX-512 BF16 (the slots exist only where the CPU has it and the kernel
 // set is not "ref": cpu_iface_bf16); the reference loops behind them are a safety net.

@@ -256,5 +256,39 @@ void td_x86_attention_bwd(const td_attention_bwd_args *a, int ith, int nth) {
     }
 }
 
+// AdamW 16 elements at a time in td_ref_adamw's exact operations and order, every product and
+// sum rounded on its own (no fused multiply-add: contraction is off here), the square root and
+// the division IEEE-rounded as sqrtf and '/' are: so the same bits as the reference, any split.
+#if defined(__clang__)
+#define NO_CONTRACT _Pragma("clang fp contract(off)")
+#define NO_CONTRACT_ATTR
+#else
+#define NO_CONTRACT
+#define NO_CONTRACT_ATTR __attribute__((optimize("fp-contract=off")))
+#endif
+NO_CONTRACT_ATTR void td_x86_adamw(const td_adamw_args *a, int ith, int nth) {
+    NO_CONTRACT
+    long lo, hi;
+    td_split((long)a->n, ith, nth, &lo, &hi);
+    const __m512 decay = _mm512_set1_ps(a->decay), b1c = _mm512_set1_ps(1.0f - a->beta1),
+                 b2 = _mm512_set1_ps(a->beta2), b2c = _mm512_set1_ps(1.0f - a->beta2),
+                 bc2 = _mm512_set1_ps(a->bc2_sqrt), eps = _mm512_set1_ps(a->eps), step = _mm512_set1_ps(a->step_size);
+    for (long i = lo; i < hi; i += 16) {
+        const __mmask16 k = td_x86_mask16(hi - i);
+        const __m512 g = _mm512_maskz_loadu_ps(k, a->g + i);
+        const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, a->w + i), decay);
+        __m512 m = _mm512_maskz_loadu_ps(k, a->m + i), v = _mm512_maskz_loadu_ps(k, a->v + i);
+        m = _mm512_add_ps(m, _mm512_mul_ps(_mm512_sub_ps(g, m), b1c));  // lerp, as torch
+        v = _mm512_add_ps(_mm512_mul_ps(v, b2), _mm512_mul_ps(_mm512_mul_ps(b2c, g), g));
+        const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), bc2), eps);
+        const __m512 nw = _mm512_sub_ps(w, _mm512_div_ps(_mm512_mul_ps(step, m), denom));
+        _mm512_mask_storeu_ps(a->m + i, k, m);
+        _mm512_mask_storeu_ps(a->v + i, k, v);
+        _mm512_mask_storeu_ps(a->w + i, k, nw);
+    }
+}
+#undef NO_CONTRACT
+#undef NO_CONTRACT_ATTR
+
 TD_X86_TARGET_END
 #endif

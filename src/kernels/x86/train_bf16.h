@@ -20,6 +20,8 @@ int td_x86_train_avx512_available(void);
 void td_x86_xent(const td_xent_args *a, int ith, int nth);
 void td_x86_attention_bwd(const td_attention_bwd_args *a, int ith, int nth);
 void td_x86_swiglu_bwd(const td_swiglu_bwd_args *a, int ith, int nth);
+// td_ref_adamw's update 16 lanes at a time, bit for bit (no contraction): used on FP32 and BF16.
+void td_x86_adamw(const td_adamw_args *a, int ith, int nth);
 #endif
 
 #endif
