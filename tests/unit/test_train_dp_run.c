@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "dist/comm.h"
+#include "ckpt_compare.h"
 #include "test_util.h"
 #include "train/ckpt.h"
 #include "train/shards.h"
@@ -101,19 +102,6 @@ static int read_metrics(const char *path, char loss[][48], int cap, int *world) 
     return n;
 }
 
-static int same_ckpt(const char *a, const char *b) {
-    td_ckpt *ca = NULL, *cb = NULL;
-    int same = td_ckpt_open(a, &ca, NULL) == TD_OK && td_ckpt_open(b, &cb, NULL) == TD_OK &&
-               td_ckpt_count(ca) == td_ckpt_count(cb);
-    for (int i = 0; same && i < td_ckpt_count(ca); i++) {
-        const td_ckpt_tensor *x = td_ckpt_get(ca, i), *y = td_ckpt_find(cb, x->name);
-        same = y && x->nbytes == y->nbytes && !memcmp(x->data, y->data, x->nbytes);
-    }
-    td_ckpt_close(ca);
-    td_ckpt_close(cb);
-    return same;
-}
-
 static char ref_loss[STEPS][48];
 
 // N ranks at the global batch against the reference (one rank, batch 4 / N... see main).
@@ -133,7 +121,7 @@ static void check_world(int world, int zero) {
     char a[500], b[500];
     snprintf(a, sizeof a, "%s/ckpt-%06d", out, STEPS);  // a sharded checkpoint (a directory)
     snprintf(b, sizeof b, "%s/ref%d/ckpt-%06d.tdck", g_dir, world, STEPS);
-    CHECK(same_ckpt(a, b), "%d ranks, ZeRO %d: the final checkpoint (weights, whole optimizer state) equals one rank's",
+    CHECK(same_tensors(a, b), "%d ranks, ZeRO %d: the final checkpoint (weights, whole optimizer state) equals one rank's",
           world, zero);
 }
 

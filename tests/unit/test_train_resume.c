@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "base/file.h"
+#include "ckpt_compare.h"
 #include "test_util.h"
 #include "train/ckpt.h"
 #include "train/shards.h"
@@ -174,19 +175,6 @@ static int file_contains(const char *path, const char *needle) {
     int r = strstr(t, needle) != NULL;
     free(t);
     return r;
-}
-
-static int same_tensors(const char *a, const char *b) {
-    td_ckpt *ca = NULL, *cb = NULL;
-    int same = td_ckpt_open(a, &ca, NULL) == TD_OK && td_ckpt_open(b, &cb, NULL) == TD_OK &&
-               td_ckpt_count(ca) == td_ckpt_count(cb);
-    for (int i = 0; same && i < td_ckpt_count(ca); i++) {
-        const td_ckpt_tensor *x = td_ckpt_get(ca, i), *y = td_ckpt_find(cb, x->name);
-        same = y && x->nbytes == y->nbytes && !memcmp(x->data, y->data, x->nbytes);
-    }
-    td_ckpt_close(ca);
-    td_ckpt_close(cb);
-    return same;
 }
 
 static const char *str_or_empty(const cJSON *v) {

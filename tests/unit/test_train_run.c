@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckpt_compare.h"
 #include "test_util.h"
 #include "train/ckpt.h"
 #include "train/gemm.h"
@@ -27,19 +28,6 @@ static td_train_run_params tiny(const char *const *shards, int n) {
     p.steps = 40;
     p.init_std = 0.1f;
     return p;
-}
-
-static int same_tensors(const char *a, const char *b) {
-    td_ckpt *ca = NULL, *cb = NULL;
-    int same = td_ckpt_open(a, &ca, NULL) == TD_OK && td_ckpt_open(b, &cb, NULL) == TD_OK &&
-               td_ckpt_count(ca) == td_ckpt_count(cb);
-    for (int i = 0; same && i < td_ckpt_count(ca); i++) {
-        const td_ckpt_tensor *x = td_ckpt_get(ca, i), *y = td_ckpt_find(cb, x->name);
-        same = y && x->nbytes == y->nbytes && !memcmp(x->data, y->data, x->nbytes);
-    }
-    td_ckpt_close(ca);
-    td_ckpt_close(cb);
-    return same;
 }
 
 int main(void) {
