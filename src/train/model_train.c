@@ -935,22 +935,41 @@ static void layer_backward(td_tmodel *tm, int l, const layer_acts *a) {
     rmsnorm_bwd(tm, tm->res[l], w->attn_norm, tm->dxn, tm->dres, g->attn_norm, N, D, 1);
 }
 
+// The backward from d loss / d logits already in tm->logits.
+static void backward_rest(td_tmodel *tm);
+
 td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err) {
     if (!tm || !tm->have_fwd || !tm->have_targets)
         return td_err_set(err, TD_ERR_INVALID,
                           "train: backward needs a forward with targets first");
-    const int N = tm->N, V = tm->V, D = tm->D;
     tm->have_fwd = 0;
-    if (tm->bfg) bf16_pack_weights(tm, 1), tm->xkn_src = NULL;  // dx's B operands: W packed KN
     td_xent_args x = {.logits = tm->logits,
                       .targets = tm->targets,
                       .loss = tm->losses,
-                      .n_tok = N,
-                      .vocab = V,
+                      .n_tok = tm->N,
+                      .vocab = tm->V,
                       .dscale = dscale,
                       .want_grad = 1,
                       .fast = is_bf16(tm)};
     td_backend_xent(tm->be, &x);  // logits -> dlogits
+    backward_rest(tm);
+    return TD_OK;
+}
+
+td_status td_tmodel_backward_from(td_tmodel *tm, const float *dlogits, td_err *err) {
+    if (!tm || !dlogits || !tm->have_fwd)
+        return td_err_set(err, TD_ERR_INVALID, "train: backward needs a forward and d loss / d logits");
+    tm->have_fwd = 0;
+    const float *host = tm->host_be ? tm->logits : tm->host_logits;
+    if (!tm->host_be || dlogits != host)  // in place on a host backend: nothing to copy
+        td_buffer_set(tm->b_acts, act_off(tm, tm->logits), dlogits, (size_t)tm->N * tm->V * sizeof(float));
+    backward_rest(tm);
+    return TD_OK;
+}
+
+static void backward_rest(td_tmodel *tm) {
+    const int N = tm->N, V = tm->V, D = tm->D;
+    if (tm->bfg) bf16_pack_weights(tm, 1), tm->xkn_src = NULL;  // dx's B operands: W packed KN
     mm_bwd(tm, tm->pw.output, tm->xnf, tm->logits, tm->dxn, tm->gw.output, NULL, V, D, 0, 0);
     rmsnorm_bwd(tm, tm->res[tm->L], tm->pw.out_norm, tm->dxn, tm->dres, tm->gw.out_norm, N, D, 0);
     // The hook hears of each range as its last contribution is issued (the slots before it are
@@ -967,7 +986,6 @@ td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err) {
         .tokens = tm->tokens, .dy = tm->dres, .dtable = tm->gw.tok_embd, .n_tok = N, .dim = D};
     td_backend_embed_bwd(tm->be, &eb);
     if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, 0, tm->layer_off[0]);
-    return TD_OK;
 }
 
 void td_tmodel_set_grad_hook(td_tmodel *tm, td_tmodel_grad_hook_fn fn, void *ctx) {

@@ -131,7 +131,14 @@ const float *td_tmodel_logits(const td_tmodel *tm);
 // the gradient buffer. dscale is 1/(counted targets over all micro-batches of the step) for a mean.
 td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err);
 
-// Told, during td_tmodel_backward, each time a range [off, off + n) of the gradient buffer (in
+// The backward of a loss of the caller's own on the last forward's logits (which needs no
+// targets): dlogits [B*T, vocab] is d loss / d logits, already scaled as the step's mean wants;
+// ADDS the gradient to the gradient buffer as td_tmodel_backward does (RL's policy-gradient
+// losses: rl/grpo.h). A host array: on a host backend it may be td_tmodel_host_logits itself,
+// overwritten in place (no copy); otherwise it is uploaded. The logits are consumed.
+td_status td_tmodel_backward_from(td_tmodel *tm, const float *dlogits, td_err *err);
+
+// Told, during td_tmodel_backward (and td_tmodel_backward_from), each time a range [off, off + n) of the gradient buffer (in
 // elements) has had its last contribution of this backward issued on the backend: the final norm
 // and the head first (through the end of the buffer), then layer L-1 down to layer 0, then the
 // embedding table (offset 0). The ranges are disjoint, together cover the buffer, and come in

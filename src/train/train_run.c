@@ -46,7 +46,7 @@ td_train_run_params td_train_run_default_params(void) {
 }
 
 // The model's hyper-parameters as an HF config.json object (what td_config_from_hf_json reads).
-static cJSON *config_json(const td_model_config *c) {
+cJSON *td_train_config_json(const td_model_config *c) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model_type", td_arch_name(c->arch));
     cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
@@ -119,7 +119,7 @@ static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long 
     char seed[20];
     snprintf(seed, sizeof seed, "%016" PRIx64, p->seed);
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToObject(o, "model", config_json(td_tmodel_config(tm)));
+    cJSON_AddItemToObject(o, "model", td_train_config_json(td_tmodel_config(tm)));
     if (p->model_dir)
         cJSON_AddStringToObject(o, "model_dir", p->model_dir);
     else
@@ -237,7 +237,7 @@ static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *t
     cJSON_AddNumberToObject(root, "step", (double)steps);
     cJSON_AddItemToObject(root, "loader", cJSON_Parse(pos));
     cJSON_AddStringToObject(root, "seed", seed);
-    cJSON_AddItemToObject(root, "config", config_json(td_tmodel_config(tm)));
+    cJSON_AddItemToObject(root, "config", td_train_config_json(td_tmodel_config(tm)));
     td_comm *comm = p->trainer.comm && td_comm_size(p->trainer.comm) > 1 ? p->trainer.comm : NULL;
     td_ckpt_piece *pieces = NULL;
     int n_pieces = 0;

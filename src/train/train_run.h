@@ -69,6 +69,10 @@ td_status td_train_load_ckpt_params(td_tmodel *tm, const char *ckpt_path, td_err
 // metadata (parsed as an HF config.json), and the f32 values of parameter hf_name (ctx: the
 // opened const td_ckpt *; TD_ERR_NOT_FOUND for an absent tensor or another size).
 struct td_ckpt;
+// The model's hyper-parameters as an HF config.json object (what td_config_from_hf_json reads):
+// the "config" of a checkpoint's metadata. Owned by the caller (cJSON_Delete); NULL out of memory.
+struct cJSON;
+struct cJSON *td_train_config_json(const td_model_config *c);
 td_status td_train_ckpt_config(const struct td_ckpt *ck, td_model_config *out, td_err *err);
 td_status td_train_ckpt_get(void *ctx, const char *hf_name, float *dst, int64_t n, td_err *err);
 

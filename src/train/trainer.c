@@ -395,6 +395,21 @@ static double sumsq(td_trainer *t, const float *x, size_t n) {
     return ss;
 }
 
+// The cross-entropy micro-batch of td_trainer_step.
+typedef struct xent_micro {
+    const int32_t *tokens, *targets;
+    size_t N;
+} xent_micro;
+
+static td_status xent_micro_fn(void *ctx, int k, td_tmodel *tm, float dscale, double *loss_sum, td_err *err) {
+    const xent_micro *x = ctx;
+    td_status st = td_tmodel_forward(tm, x->tokens + k * x->N, x->targets + k * x->N, loss_sum, NULL, err);
+    return st ? st : td_tmodel_backward(tm, dscale, err);
+}
+
+static td_status step_core(td_trainer *t, td_trainer_micro_fn fn, void *ctx, long count, td_status st,
+                           td_step_stats *stats, td_err *err);
+
 td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *targets,
                           td_step_stats *stats, td_err *err) {
     if (!t || !tokens || !targets)
@@ -413,6 +428,23 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
         }
         count += targets[i] >= 0;
     }
+    xent_micro x = {tokens, targets, N};
+    return step_core(t, xent_micro_fn, &x, count, st, stats, err);
+}
+
+td_status td_trainer_step_with(td_trainer *t, td_trainer_micro_fn fn, void *ctx, long n_targets,
+                               td_step_stats *stats, td_err *err) {
+    if (!t || !fn) return td_err_set(err, TD_ERR_INVALID, "trainer: no micro-batch function");
+    td_status st = n_targets < 0 ? td_err_set(err, TD_ERR_INVALID, "trainer: negative target count") : TD_OK;
+    return step_core(t, fn, ctx, n_targets, st, stats, err);
+}
+
+// The step after the input checks: st is this rank's verdict on its input (its message in err),
+// count its targets.
+static td_status step_core(td_trainer *t, td_trainer_micro_fn fn, void *ctx, long count, td_status st,
+                           td_step_stats *stats, td_err *err) {
+    td_tmodel *tm = t->tm;
+    const int K = t->p.grad_accum;
     if (t->comm) {  // every rank learns the global count (and whether a rank's input was bad)
         int64_t v[2] = {st ? 1 : 0, count}, r[2];
         td_err e = {0};
@@ -441,8 +473,7 @@ td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *t
         td_tmodel_zero_grad(tm);
         t->hook_k = k;
         t->next_bucket = 0;
-        if ((st = td_tmodel_forward(tm, tokens + k * N, targets + k * N, &s, NULL, err)) ||
-            (st = td_tmodel_backward(tm, (float)(1.0 / (double)count), err))) {
+        if ((st = fn(ctx, k, tm, (float)(1.0 / (double)count), &s, err))) {
             if (hooked) td_tmodel_set_grad_hook(tm, NULL, NULL);
             if (t->comm) {  // the others would wait for this rank's reductions: fail them now
                 td_comm_abort(t->comm, err->msg);
@@ -590,3 +621,5 @@ int td_trainer_ckpt_pieces(td_trainer *t, td_ckpt_piece *out, int cap) {
     }
     return n;
 }
+
+int td_trainer_grad_accum(const td_trainer *t) { return t->p.grad_accum; }

@@ -66,6 +66,19 @@ void td_trainer_free(td_trainer *t);  // NULL is fine
 td_status td_trainer_step(td_trainer *t, const int32_t *tokens, const int32_t *targets,
                           td_step_stats *stats, td_err *err);
 
+// A step whose micro-batches compute a loss of the caller's own (RL's policy-gradient losses,
+// rl/grpo.h): for k = 0 .. grad_accum - 1, fn runs micro-batch k's td_tmodel_forward and a
+// backward that adds its gradient (td_tmodel_backward, or td_tmodel_backward_from with d loss /
+// d logits scaled by dscale = 1 / (n_targets over every rank)), and sets *loss_sum to the sum of
+// its per-target losses. n_targets: this rank's counted targets (the step's loss is the sum of
+// every loss_sum over the global count). Then reduction, clipping and AdamW exactly as
+// td_trainer_step (which is this with cross-entropy). An error from fn fails the step (with
+// data parallelism the group is aborted); nothing is updated.
+typedef td_status (*td_trainer_micro_fn)(void *ctx, int k, td_tmodel *tm, float dscale, double *loss_sum,
+                                         td_err *err);
+td_status td_trainer_step_with(td_trainer *t, td_trainer_micro_fn fn, void *ctx, long n_targets,
+                               td_step_stats *stats, td_err *err);
+
 td_adamw *td_trainer_adamw(td_trainer *t);  // borrowed (checkpoints save and restore its state)
 
 // What this rank holds, in bytes (reported at start-up). The ZeRO paper's accounting for Adam in
@@ -87,6 +100,7 @@ void td_trainer_state_from_full(td_trainer *t, const float *m, const float *v);
 // also the tails), with parameters and moments from the host views (synced first). Every element
 // is in exactly one rank's pieces. Returns the count (at most 2 per bucket).
 int td_trainer_ckpt_pieces(td_trainer *t, td_ckpt_piece *out, int cap);
-long td_trainer_step_count(const td_trainer *t);  // steps taken (== the optimizer's count)
+long td_trainer_step_count(const td_trainer *t);
+int td_trainer_grad_accum(const td_trainer *t);  // micro-batches per step  // steps taken (== the optimizer's count)
 
 #endif
