@@ -40,7 +40,10 @@ static void serve_usage(FILE *f) {
             "  --backend NAME           where the model runs: cpu, or a device backend of this build\n"
             "                           (listed below); default $TANDEM_BACKEND, else cpu;\n"
             "                           $TANDEM_DEVICE picks the device\n"
-            "  --shutdown-timeout S     seconds in-flight requests may finish after SIGTERM (default 5)\n");
+            "  --shutdown-timeout S     seconds in-flight requests may finish after SIGTERM (default 5)\n"
+            "  --logprobs-mode M        raw (default: log_softmax of the model's logits) or processed (the\n"
+            "                           distribution sampled from, after penalties, temperature and\n"
+            "                           top-k/top-p/min-p); requests override it with \"logprobs_mode\"\n");
     fprintf(f, "backends in this build: %s\n", td_backend_names());
 }
 
@@ -49,6 +52,7 @@ typedef struct {
     long port, max_batched, max_seqs, max_len, block_size, threads, shutdown_s;
     size_t kv_bytes;
     bool no_prefix;
+    bool logprobs_processed;
     td_dtype kv_dtype;
 } serve_opts;
 
@@ -113,6 +117,11 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
             o->chat_template = TAKE();
         } else if (!strcmp(a, "--no-prefix-caching") || !strcmp(a, "--no-enable-prefix-caching")) {
             o->no_prefix = true;
+        } else if (!strcmp(a, "--logprobs-mode")) {
+            if (v && (!strcmp(v, "raw") || !strcmp(v, "raw_logprobs"))) o->logprobs_processed = false;
+            else if (v && (!strcmp(v, "processed") || !strcmp(v, "processed_logprobs"))) o->logprobs_processed = true;
+            else return fprintf(stderr, "tandem serve: --logprobs-mode must be raw or processed\n"), -1;
+            i++;
         } else if (a[0] == '-') {
             fprintf(stderr, "tandem serve: unknown option '%s' (see tandem serve --help)\n", a);
             return -1;
@@ -196,6 +205,7 @@ int td_cmd_serve(int argc, char **argv) {
     td_server_params sp = td_server_default_params();
     sp.host = o.host;
     sp.port = (int)o.port;
+    sp.limits.default_logprobs_processed = o.logprobs_processed;
     srv = td_server_start(&sp, td_eng_iface(eng), &err);
     if (!srv) {
         fprintf(stderr, "tandem serve: %s\n", err.msg);

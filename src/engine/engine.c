@@ -447,8 +447,10 @@ static bool req_admit(td_eng *e, ereq *r) {
 
 // ---- engine thread: tokens and events
 
+// row: raw logits for raw logprobs (NULL: none). plp: instead, the processed logprob of tok from the
+// td_sampler_logprob call just made on e->smp (its kept set gives the alternatives).
 static void emit_token(td_eng *e, ereq *r, int index, bool prompt, int32_t tok, const char *text, size_t len,
-                       const float *row, int k) {
+                       const float *row, int k, const double *plp) {
     td_top_logprob top[MAX_LOGPROBS];
     td_gen_token t = {.index = index,
                       .prompt = prompt,
@@ -456,7 +458,16 @@ static void emit_token(td_eng *e, ereq *r, int index, bool prompt, int32_t tok, 
                       .text = text ? text : "",
                       .text_len = len,
                       .weights_version = e->weights_version};
-    if (row) {
+    if (plp) {
+        t.has_logprob = true;
+        t.logprob = (float)*plp;
+        if (k > 0) {
+            int n = td_sampler_logprob_topk(e->smp, k, e->top_ids, e->top_lps);
+            for (int i = 0; i < n; i++) top[i] = (td_top_logprob){e->top_ids[i], e->top_lps[i]};
+            t.top = top;
+            t.n_top = n;
+        }
+    } else if (row) {
         double lse = td_logsumexp(row, e->vocab);
         t.has_logprob = true;
         t.logprob = (float)((double)row[tok] - lse);
@@ -507,16 +518,24 @@ static void choice_sample(td_eng *e, ereq *r, int j, const float *row) {
     echoice *c = &r->ch[j];
     const td_seq *q = td_sched_get(e->sched, seq_of(r, j));
     TD_ASSERT(q != NULL);
-    memcpy(e->scratch, row, (size_t)e->vocab * sizeof(float));
+    memcpy(e->scratch, row, (size_t)e->vocab * sizeof(float));  // the sampler processes its copy in place
     int32_t tok = td_sampler_sample(e->smp, &r->sp, e->scratch, q->tokens, q->n_prompt, q->tokens + q->n_prompt,
                                     q->n_tokens - q->n_prompt, &c->rng);
+    // Processed mode: the same raw row and history (the token is not appended yet).
+    double plp_v = 0;
+    const double *plp = NULL;
+    if (r->g.logprobs >= 0 && r->g.logprobs_processed) {
+        plp_v = td_sampler_logprob(e->smp, &r->sp, row, q->tokens, q->n_prompt, q->tokens + q->n_prompt,
+                                   q->n_tokens - q->n_prompt, tok, NULL);
+        plp = &plp_v;
+    }
     c->generated++;
     r->completion_tokens++;
-    const float *lp_row = r->g.logprobs >= 0 ? row : NULL;
+    const float *lp_row = r->g.logprobs >= 0 && !plp ? row : NULL;
     bool stop_tok = !r->g.ignore_eos && is_eos(e, tok);
     for (int i = 0; i < r->g.n_stop_token_ids && !stop_tok; i++) stop_tok = r->g.stop_token_ids[i] == tok;
     if (stop_tok) {  // the token is reported, its text is not (as vLLM)
-        emit_token(e, r, j, false, tok, "", 0, lp_row, r->g.logprobs);
+        emit_token(e, r, j, false, tok, "", 0, lp_row, r->g.logprobs, plp);
         td_finish_reason why = TD_FINISH_STOP;
         size_t tl = final_tail(c, e->tail, TEXT_CAP + 2 * TD_STOP_MAX_LEN, &why);
         choice_finish(e, r, j, TD_FINISH_STOP, e->tail, tl);
@@ -526,7 +545,7 @@ static void choice_sample(td_eng *e, ereq *r, int j, const float *row) {
     const char *piece = td_detok_push(c->detok, tok, &pl);
     bool stopped = false;
     size_t n = piece ? stop_feed_all(c, piece, pl, e->text, TEXT_CAP + TD_STOP_MAX_LEN, &stopped) : 0;
-    emit_token(e, r, j, false, tok, e->text, n, lp_row, r->g.logprobs);
+    emit_token(e, r, j, false, tok, e->text, n, lp_row, r->g.logprobs, plp);
     if (stopped) {
         choice_finish(e, r, j, TD_FINISH_STOP, NULL, 0);
         return;
@@ -646,14 +665,14 @@ static bool step(td_eng *e) {
         const int j = (int)(mt->seq & (TD_ENG_MAX_N - 1));
         int row = mt->row0;
         if (mt->lp && r->prompt_lp_next == 0) {  // the first prompt token has no logprob
-            emit_token(e, r, -1, true, r->g.prompt[0], NULL, 0, NULL, 0);
+            emit_token(e, r, -1, true, r->g.prompt[0], NULL, 0, NULL, 0, NULL);
             r->prompt_lp_next = 1;
         }
         if (mt->lp_first >= 0) {
             int k = r->g.prompt_logprobs;
             for (int p = mt->lp_first; p + 1 < r->g.n_prompt && p <= mt->last_pos; p++, row++) {
                 if (p + 1 != r->prompt_lp_next) continue;  // cannot happen: rows are in order
-                emit_token(e, r, -1, true, r->g.prompt[p + 1], NULL, 0, e->logits + (size_t)row * V, k);
+                emit_token(e, r, -1, true, r->g.prompt[p + 1], NULL, 0, e->logits + (size_t)row * V, k, NULL);
                 r->prompt_lp_next++;
             }
         }

@@ -15,6 +15,9 @@ struct td_sampler {
     uint8_t *seen;    // [vocab] present in prompt or output (kept all-zero between calls)
     uint32_t *rkey, *rkey2;  // [vocab] radix-sort scratch (whole-vocabulary sorts)
     int32_t *ridx2;          // [vocab]
+    float *work;             // [vocab] td_sampler_logprob's processed logits (its input stays intact)
+    int last_n;              // td_sampler_logprob's kept set: idx[0..last_n) over work, descending;
+    double last_lse;         //   logsumexp of work over it (td_sampler_logprob_topk reads both)
 };
 
 td_sampling_params td_sampling_default_params(void) {
@@ -64,7 +67,8 @@ td_sampler *td_sampler_create(int vocab) {
     s->rkey = malloc((size_t)vocab * sizeof *s->rkey);
     s->rkey2 = malloc((size_t)vocab * sizeof *s->rkey2);
     s->ridx2 = malloc((size_t)vocab * sizeof *s->ridx2);
-    if (!s->idx || !s->prob || !s->count || !s->seen || !s->rkey || !s->rkey2 || !s->ridx2) {
+    s->work = malloc((size_t)vocab * sizeof *s->work);
+    if (!s->idx || !s->prob || !s->count || !s->seen || !s->rkey || !s->rkey2 || !s->ridx2 || !s->work) {
         td_sampler_free(s);
         return NULL;
     }
@@ -80,14 +84,17 @@ void td_sampler_free(td_sampler *s) {
     free(s->rkey);
     free(s->rkey2);
     free(s->ridx2);
+    free(s->work);
     free(s);
 }
 
 static inline int valid_tok(const td_sampler *s, int32_t t) { return t >= 0 && t < s->vocab; }
 
-// Bias, penalties and temperature, in place.
+// Bias, penalties and temperature, in place. factor (may be NULL): [vocab] of ones on entry; gets the
+// repetition penalty's derivative (1/pen or pen) for each penalised token.
 static void process_logits(td_sampler *s, const td_sampling_params *p, float *logits,
-                           const int32_t *prompt, int n_prompt, const int32_t *output, int n_output) {
+                           const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
+                           float *factor) {
     for (int i = 0; i < p->n_logit_bias; i++)
         if (valid_tok(s, p->logit_bias[i].token)) logits[p->logit_bias[i].token] += p->logit_bias[i].bias;
 
@@ -108,6 +115,7 @@ static void process_logits(td_sampler *s, const td_sampling_params *p, float *lo
                 if (!valid_tok(s, t) || !s->seen[t]) continue;
                 if (rep) {
                     float pen = p->repetition_penalty;
+                    if (factor) factor[t] = logits[t] > 0 ? 1.0f / pen : pen;
                     logits[t] = logits[t] > 0 ? logits[t] / pen : logits[t] * pen;
                 }
                 if (pres && s->count[t] > 0)
@@ -236,12 +244,24 @@ static int32_t argmax(const float *x, int n) {
     return best;
 }
 
+// The set td_sampler_sample draws from at temperature > 0, in s->idx[0..n) (descending, ties by
+// ascending id) with s->prob its renormalised probabilities. top_k == 1 is the argmax alone (the
+// sampler's shortcut: lowest id among ties), everything else the filters.
+static int kept_set(td_sampler *s, const td_sampling_params *p, const float *logits) {
+    if (p->top_k == 1) {
+        s->idx[0] = argmax(logits, s->vocab);
+        s->prob[0] = 1.0f;
+        return 1;
+    }
+    return filter(s, p, logits);
+}
+
 int32_t td_sampler_sample(td_sampler *s, const td_sampling_params *p, float *logits,
                           const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
                           td_rng *rng) {
-    process_logits(s, p, logits, prompt, n_prompt, output, n_output);
+    process_logits(s, p, logits, prompt, n_prompt, output, n_output, NULL);
     if (p->temperature <= 0 || p->top_k == 1) return argmax(logits, s->vocab);
-    int n = filter(s, p, logits);
+    int n = kept_set(s, p, logits);
     double u = td_rng_uniform(rng), acc = 0;
     for (int i = 0; i < n; i++) {
         acc += s->prob[i];
@@ -253,14 +273,61 @@ int32_t td_sampler_sample(td_sampler *s, const td_sampling_params *p, float *log
 void td_sampler_probs(td_sampler *s, const td_sampling_params *p, float *logits,
                       const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
                       float *probs) {
-    process_logits(s, p, logits, prompt, n_prompt, output, n_output);
+    process_logits(s, p, logits, prompt, n_prompt, output, n_output, NULL);
     memset(probs, 0, (size_t)s->vocab * sizeof *probs);
     if (p->temperature <= 0 || p->top_k == 1) {
         probs[argmax(logits, s->vocab)] = 1.0f;
         return;
     }
-    int n = filter(s, p, logits);
+    int n = kept_set(s, p, logits);
     for (int i = 0; i < n; i++) probs[s->idx[i]] = s->prob[i];
+}
+
+double td_sampler_logprob(td_sampler *s, const td_sampling_params *p, const float *logits,
+                          const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
+                          int32_t token, float *dlogits) {
+    const int V = s->vocab;
+    float *z = s->work;
+    memcpy(z, logits, (size_t)V * sizeof *z);
+    if (dlogits)
+        for (int i = 0; i < V; i++) dlogits[i] = 1.0f;
+    // temperature 0 scales nothing in process_logits: greedy is processed as temperature 1.
+    process_logits(s, p, z, prompt, n_prompt, output, n_output, dlogits);
+    const int n = kept_set(s, p, z);
+    const double m = z[s->idx[0]];  // the kept set's maximum
+    double sum = 0;
+    bool in = false;
+    for (int i = 0; i < n; i++) {
+        sum += exp((double)z[s->idx[i]] - m);
+        in |= s->idx[i] == token;
+    }
+    const double lse = m + log(sum);
+    s->last_n = n;
+    s->last_lse = lse;
+    if (dlogits) {
+        // d/dz'_i [z'_t - lse] = onehot_i - prob_i on the kept set (locally constant), 0 outside;
+        // times dz'_i/dlogit_i = (1/temperature) * the penalty factor process_logits left there.
+        const float inv_t = p->temperature > 0 && p->temperature != 1.0f ? 1.0f / p->temperature : 1.0f;
+        for (int i = 0; i < n; i++) {
+            const int32_t t = s->idx[i];
+            const double pr = exp((double)z[t] - lse);
+            s->prob[i] = (float)((double)dlogits[t] * inv_t * ((t == token ? 1.0 : 0.0) - pr));
+        }
+        memset(dlogits, 0, (size_t)V * sizeof *dlogits);
+        if (in)
+            for (int i = 0; i < n; i++) dlogits[s->idx[i]] = s->prob[i];
+    }
+    if (!valid_tok(s, token) || !in) return -INFINITY;
+    return (double)z[token] - lse;
+}
+
+int td_sampler_logprob_topk(const td_sampler *s, int k, int32_t *ids, float *lps) {
+    int n = k < s->last_n ? k : s->last_n;
+    for (int i = 0; i < n; i++) {
+        ids[i] = s->idx[i];
+        lps[i] = (float)((double)s->work[s->idx[i]] - s->last_lse);
+    }
+    return n;
 }
 
 double td_logsumexp(const float *logits, int vocab) {

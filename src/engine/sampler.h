@@ -52,6 +52,26 @@ void td_sampler_probs(td_sampler *s, const td_sampling_params *p, float *logits,
                       const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
                       float *probs);
 
+// The log-probability of `token` under the distribution td_sampler_sample draws from with p and this
+// history (logit_bias, penalties, temperature, then the top-k / top-p / min-p set, renormalised):
+// z'[token] - logsumexp(z' over the kept set), in double, where z' are the processed logits.
+// temperature 0 (greedy) processes as temperature 1 (the filters still apply). -INFINITY when the
+// filters remove token. logits is not modified (processing happens in the sampler's scratch).
+// dlogits (may be NULL): [vocab] d logprob / d logits (the raw logits): zero outside the kept set,
+// f_i * (onehot_i - prob_i) inside, f_i the chain factor of the processing (1/temperature, and the
+// repetition penalty's 1/pen or pen for penalised tokens). Allocates nothing.
+// The kept set is computed by the same code, on bitwise the same processed logits, as the set
+// td_sampler_sample draws from (top_k == 1: the argmax, lowest id among ties). prob_i is
+// exp(z'_i - logsumexp) in double. When token is removed, dlogits is all zeros.
+double td_sampler_logprob(td_sampler *s, const td_sampling_params *p, const float *logits,
+                          const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
+                          int32_t token, float *dlogits);
+
+// The min(k, kept set size) most probable tokens of the last td_sampler_logprob call's kept set, best
+// first (ties: lower id first), with their processed log-probabilities (float of the double
+// z'_i - logsumexp). Returns how many were written. Valid until the sampler is next used.
+int td_sampler_logprob_topk(const td_sampler *s, int k, int32_t *ids, float *lps);
+
 // log-softmax helpers over raw logits [vocab]:
 double td_logsumexp(const float *logits, int vocab);
 // Top k (id, logprob) pairs in descending order of logprob (ties: lower id first); k <= vocab.

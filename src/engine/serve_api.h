@@ -51,6 +51,11 @@ typedef struct td_gen_request {
     int n_stop_token_ids;
     bool ignore_eos;
     int logprobs;              // -1: none; k >= 0: logprob of each sampled token plus k alternatives
+    bool logprobs_processed;   // false (raw): logprobs are log_softmax of the model's logits. true: the
+                               //   sampled token's logprob is (float)td_sampler_logprob (engine/sampler.h)
+                               //   on the same logits row and history the sampler saw: the distribution
+                               //   actually drawn from; alternatives are the best of its kept set (so
+                               //   maybe fewer than k). Prompt logprobs stay raw.
     int prompt_logprobs;       // -1: none; k >= 0: same for the prompt tokens (completions echo+logprobs)
     bool echo;                 // informational: the server echoes the prompt itself
     bool stream;               // informational: the server frames events itself

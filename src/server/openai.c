@@ -390,6 +390,23 @@ bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_l
             return td_api_fail(e, 400, "response_format", "'response_format' other than {\"type\": \"text\"} is not supported");
     }
 
+    // Which distribution logprobs describe (vLLM's --logprobs-mode, per request here): the model's
+    // (raw) or the processed one the sampler drew from (RL behaviour logprobs).
+    g->logprobs_processed = lim->default_logprobs_processed;
+    const cJSON *lm = field(root, "logprobs_mode");
+    if (lm) {
+        const char *m = cJSON_IsString(lm) ? lm->valuestring : NULL;
+        if (m && (!strcmp(m, "raw") || !strcmp(m, "raw_logprobs")))
+            g->logprobs_processed = false;
+        else if (m && (!strcmp(m, "processed") || !strcmp(m, "processed_logprobs")))
+            g->logprobs_processed = true;
+        else
+            return td_api_fail(e, 400, "logprobs_mode",
+                               "'logprobs_mode' must be \"raw\" or \"processed\" (or \"raw_logprobs\", "
+                               "\"processed_logprobs\")");
+    }
+    if (!get_bool(root, "return_token_ids", &r->return_token_ids, e)) return false;
+
     if (kind == TD_API_COMPLETIONS) {
         if (!get_bool(root, "echo", &g->echo, e)) return false;
         if (!get_int(root, "logprobs", 0, lim->max_logprobs, &v, &given, e)) return false;

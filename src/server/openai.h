@@ -20,6 +20,7 @@ typedef struct td_api_limits {
     int max_model_len;    // tokens; 0 = unknown (max_tokens then only checked for >= 1)
     int vocab_size;       // token ids must be in [0, vocab_size); 0 = unchecked
     int max_prompt_ids;   // token ids in one token-array prompt
+    bool default_logprobs_processed;  // logprobs_mode when a request omits it (serve --logprobs-mode)
 } td_api_limits;
 
 td_api_limits td_api_default_limits(void);
@@ -57,6 +58,7 @@ typedef struct td_api_request {
     bool chat_logprobs;          // chat: "logprobs": true
     bool include_usage;          // stream_options.include_usage
     bool add_special_tokens;     // completions default true, chat default false (vLLM)
+    bool return_token_ids;       // vLLM extension: choices carry token_ids, responses prompt_token_ids
     cJSON *body;                 // the parsed body; owned by the arena (freed at its destroy)
 } td_api_request;
 

@@ -58,6 +58,7 @@ typedef struct ev_hdr {
     uint32_t text_len;
     int32_t usage[3];  // EV_DONE: prompt, completion, cached tokens
     double t;          // td_now() when the engine reported it
+    uint64_t weights_version;  // EV_TOKEN: the engine's weights version that produced it
 } ev_hdr;
 
 typedef struct choice {
@@ -69,6 +70,9 @@ typedef struct choice {
     td_finish_reason reason;
     double t_last;
     int n_tokens;
+    cJSON *token_ids, *versions;  // non-streaming: generated ids (return_token_ids), weights versions
+    uint64_t last_version;        // of the last token (streamed finish chunks)
+    bool sent_prompt_ids;         // streaming: prompt_token_ids went out with this choice's first chunk
 } choice;
 
 struct td_server;
@@ -79,6 +83,7 @@ typedef struct sub {
     td_engine_handle h;
     bool submitted, done;
     int n_prompt;
+    const int32_t *prompt_ids;  // [n_prompt] (arena), for prompt_token_ids
     const char *prompt_text;  // for echo (arena)
     size_t prompt_text_len;
     cJSON *p_tokens, *p_values, *p_top, *p_offsets;  // prompt logprobs (echo + logprobs)
@@ -273,6 +278,8 @@ static void req_free(srv_req *r) {
         cJSON_Delete(c->lp_top);
         cJSON_Delete(c->lp_offsets);
         cJSON_Delete(c->lp_content);
+        cJSON_Delete(c->token_ids);
+        cJSON_Delete(c->versions);
     }
     free(r->choices);
     for (int i = 0; i < r->n_subs; i++) {
@@ -324,7 +331,7 @@ static void sink_token(void *ctx, const td_gen_token *t) {
     sub *sb = ctx;
     ev_hdr h = {.kind = EV_TOKEN, .prompt = t->prompt, .has_lp = t->has_logprob, .sub = sb->idx, .index = t->index,
                 .token = t->token, .logprob = t->logprob, .n_top = t->n_top > TD_GEN_MAX_TOP_LOGPROBS ? TD_GEN_MAX_TOP_LOGPROBS : t->n_top,
-                .text_len = (uint32_t)t->text_len, .t = td_now()};
+                .text_len = (uint32_t)t->text_len, .t = td_now(), .weights_version = t->weights_version};
     if (h.n_top < 0) h.n_top = 0;
     push_event(sb, &h, t->top, t->text, sb->req->api.gen.stream && !t->prompt);
 }
@@ -391,14 +398,39 @@ static void emit_chunk(srv_req *r, cJSON *j) {
     free(s);
 }
 
-// One streaming chunk for choice ci carrying text (and, for tokens, a logprobs entry).
+static cJSON *ids_json(const int32_t *ids, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    return a;
+}
+
+// One streaming chunk for choice ci carrying text (and, for tokens, a logprobs entry). tok: the token
+// event it reports (NULL for the opening and finish chunks), for token_ids and weights_version.
 static void emit_choice_chunk(srv_req *r, int ci, const char *text, size_t len, cJSON *lp, td_finish_reason fin,
-                              bool role) {
+                              bool role, const ev_hdr *tok) {
     cJSON *j = chunk_base(r);
     cJSON *arr = cJSON_AddArrayToObject(j, "choices");
     cJSON *c = cJSON_CreateObject();
     cJSON_AddItemToArray(arr, c);
     cJSON_AddNumberToObject(c, "index", ci);
+    choice *ch = &r->choices[ci];
+    if (r->api.return_token_ids) {
+        if (!ch->sent_prompt_ids) {  // vLLM: the first chunk (chat: at the top level)
+            const sub *sb = &r->subs[ci / r->api.gen.n];
+            cJSON_AddItemToObject(r->api.kind == TD_API_CHAT ? j : c, "prompt_token_ids",
+                                  ids_json(sb->prompt_ids, sb->n_prompt));
+            ch->sent_prompt_ids = true;
+        }
+        cJSON_AddItemToObject(c, "token_ids", ids_json(tok ? &tok->token : NULL, tok ? 1 : 0));
+    }
+    // Extension: the weights version of the token this chunk reports (finish: the choice's last
+    // token's; opening chunks report no token: null).
+    if (tok)
+        cJSON_AddNumberToObject(c, "weights_version", (double)tok->weights_version);
+    else if (fin != TD_FINISH_NONE && ch->n_tokens > 0)
+        cJSON_AddNumberToObject(c, "weights_version", (double)ch->last_version);
+    else
+        cJSON_AddNullToObject(c, "weights_version");
     char *t = malloc(len * 3 + 8);
     if (t) utf8_clean(text ? text : "", len, t, len * 3 + 8);
     if (r->api.kind == TD_API_CHAT) {
@@ -514,7 +546,16 @@ static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *to
     }
     c->t_last = h->t;
     c->n_tokens++;
+    c->last_version = h->weights_version;
     if (quiet) return;
+    if (!r->api.gen.stream) {
+        if (!c->versions) c->versions = cJSON_CreateArray();
+        cJSON_AddItemToArray(c->versions, cJSON_CreateNumber((double)h->weights_version));
+        if (r->api.return_token_ids) {
+            if (!c->token_ids) c->token_ids = cJSON_CreateArray();
+            cJSON_AddItemToArray(c->token_ids, cJSON_CreateNumber(h->token));
+        }
+    }
     cJSON *lp = NULL;
     if (want_lp) {
         if (r->api.kind == TD_API_CHAT) {
@@ -556,8 +597,10 @@ static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *to
         }
     }
     if (r->api.gen.stream) {
-        if (h->text_len || lp)  // held-back text (a possible stop string) makes no empty chunk
-            emit_choice_chunk(r, ci, text, h->text_len, lp, TD_FINISH_NONE, false);
+        // Held-back text (a possible stop string) makes no empty chunk, unless every token's id
+        // must reach the client (return_token_ids).
+        if (h->text_len || lp || r->api.return_token_ids)
+            emit_choice_chunk(r, ci, text, h->text_len, lp, TD_FINISH_NONE, false, h);
     } else
         td_srv_buf_append(&c->text, text, h->text_len);
 }
@@ -572,7 +615,7 @@ static void on_finish_event(srv_req *r, const ev_hdr *h, const char *text, bool 
     td_srv_metrics_finish(r->srv->metrics, c->reason);
     if (quiet) return;
     if (r->api.gen.stream)
-        emit_choice_chunk(r, ci, text, h->text_len, NULL, c->reason, false);
+        emit_choice_chunk(r, ci, text, h->text_len, NULL, c->reason, false, NULL);
     else
         td_srv_buf_append(&c->text, text, h->text_len);
 }
@@ -626,7 +669,17 @@ static cJSON *full_response(srv_req *r) {
         td_srv_buf_free(&txt);
         const char *fr = td_finish_reason_str(c->reason);
         cJSON_AddStringToObject(o, "finish_reason", fr ? fr : "stop");
+        if (r->api.return_token_ids) {  // vLLM: completions per choice, chat at the top level
+            cJSON_AddItemToObject(o, "token_ids", c->token_ids ? c->token_ids : cJSON_CreateArray());
+            c->token_ids = NULL;
+            if (r->api.kind == TD_API_COMPLETIONS) cJSON_AddItemToObject(o, "prompt_token_ids", ids_json(sb->prompt_ids, sb->n_prompt));
+        }
+        // Extension: the engine's weights version behind each generated token.
+        cJSON_AddItemToObject(o, "weights_versions", c->versions ? c->versions : cJSON_CreateArray());
+        c->versions = NULL;
     }
+    if (r->api.return_token_ids && r->api.kind == TD_API_CHAT && r->n_subs > 0)
+        cJSON_AddItemToObject(j, "prompt_token_ids", ids_json(r->subs[0].prompt_ids, r->subs[0].n_prompt));
     cJSON_AddItemToObject(j, "usage", usage_json(r));
     return j;
 }
@@ -685,7 +738,7 @@ static bool drain_events(srv_req *r, bool quiet) {
             for (int ci = 0; ci < r->n_choices; ci++)  // choices the engine never finished
                 if (r->choices[ci].reason == TD_FINISH_NONE && !r->failed) {
                     r->choices[ci].reason = TD_FINISH_ABORT;
-                    emit_choice_chunk(r, ci, NULL, 0, NULL, TD_FINISH_ABORT, false);
+                    emit_choice_chunk(r, ci, NULL, 0, NULL, TD_FINISH_ABORT, false, NULL);
                 }
             if (r->failed) {
                 td_api_error e;
@@ -970,6 +1023,7 @@ static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
         gens[i].id = atomic_fetch_add(&s->next_id, 1);
         gens[i].model = s->info.model_name;
         sb->n_prompt = n;
+        sb->prompt_ids = ids;
     }
     r->created = (int64_t)time(NULL);
     snprintf(r->id, sizeof r->id, "%s-%016llx", kind == TD_API_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)gens[0].id);
@@ -1011,11 +1065,11 @@ static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
 
     if (a->gen.stream) {
         if (kind == TD_API_CHAT)
-            for (int ci = 0; ci < r->n_choices; ci++) emit_choice_chunk(r, ci, "", 0, NULL, TD_FINISH_NONE, true);
+            for (int ci = 0; ci < r->n_choices; ci++) emit_choice_chunk(r, ci, "", 0, NULL, TD_FINISH_NONE, true, NULL);
         else if (a->gen.echo)
             for (int ci = 0; ci < r->n_choices; ci++) {
                 sub *sb = &r->subs[ci / a->gen.n];
-                emit_choice_chunk(r, ci, sb->prompt_text, sb->prompt_text_len, NULL, TD_FINISH_NONE, false);
+                emit_choice_chunk(r, ci, sb->prompt_text, sb->prompt_text_len, NULL, TD_FINISH_NONE, false, NULL);
             }
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_reader, r, stream_free);
         if (!resp) return MHD_NO;

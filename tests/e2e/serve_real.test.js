@@ -228,10 +228,102 @@ async function testErrors() {
   check(h.status === 200, '/health', h.status);
 }
 
+// RL fields: logprobs_mode (raw / processed), return_token_ids, weights_versions, token-id prompts.
+async function testRlFields() {
+  const prompt = oracle.greedy_prompt;  // token ids
+  const n = oracle.n_greedy;
+  // Processed at temperature 0 with top_k 5: log-softmax over the oracle's 5 best (PyTorch), not the
+  // whole vocabulary; raw stays the oracle's.
+  const lse5 = (i) => { const v = greedy.top5[i].map(e => e[1]); const m = Math.max(...v);
+                        return m + Math.log(v.reduce((a, x) => a + Math.exp(x - m), 0)); };
+  const g = await client.completions.create({ model: MODEL, prompt, max_tokens: n, temperature: 0, top_k: 5, logprobs: 5,
+                                             ignore_eos: true, logprobs_mode: 'processed', return_token_ids: true });
+  const gc = g.choices[0];
+  let maxd = 0;
+  for (let i = 0; i < n; i++) maxd = Math.max(maxd, Math.abs(gc.logprobs.token_logprobs[i] - (greedy.token_logprobs[i] - lse5(i))));
+  check(gc.text === greedy.text && maxd < 2e-4, 'processed greedy top_k 5 logprobs vs oracle log-softmax over its top 5', { maxd, text: gc.text });
+  check(gc.logprobs.top_logprobs.every(t => Object.keys(t).length <= 5), 'processed alternatives come from the kept set', gc.logprobs.top_logprobs[0]);
+  check(JSON.stringify(gc.prompt_token_ids) === JSON.stringify(prompt), 'completions prompt_token_ids', gc.prompt_token_ids);
+  check(Array.isArray(gc.token_ids) && gc.token_ids.length === n, 'token_ids length', gc.token_ids);
+  const dt = await post('/detokenize', { model: MODEL, tokens: gc.token_ids });
+  check(dt.json && dt.json.prompt === gc.text, 'detokenize(token_ids) == text', [dt.json, gc.text]);
+  check(Array.isArray(gc.weights_versions) && gc.weights_versions.length === n && gc.weights_versions.every(v => v === 0),
+        'weights_versions: one 0 per token', gc.weights_versions);
+
+  // Sampling: the same seed gives the same tokens in both modes; temperature != 1 makes the values differ.
+  const body = { model: MODEL, prompt, max_tokens: 16, temperature: 0.7, top_p: 0.9, seed: 7, logprobs: 0, ignore_eos: true,
+                 return_token_ids: true };
+  const raw = await post('/v1/completions', { ...body, logprobs_mode: 'raw_logprobs' });
+  const pro = await post('/v1/completions', { ...body, logprobs_mode: 'processed_logprobs' });
+  const rc = raw.json.choices[0], pc = pro.json.choices[0];
+  check(JSON.stringify(rc.token_ids) === JSON.stringify(pc.token_ids) && rc.token_ids.length === 16, 'same seed, same tokens in both modes', [rc.token_ids, pc.token_ids]);
+  const differ = rc.logprobs.token_logprobs.filter((v, i) => v !== pc.logprobs.token_logprobs[i]).length;
+  check(differ >= 12, 'raw and processed logprobs differ at temperature 0.7', [rc.logprobs.token_logprobs, pc.logprobs.token_logprobs]);
+  check(pc.logprobs.token_logprobs.every(v => v <= 0 && v > -50), 'processed logprobs finite and <= 0', pc.logprobs.token_logprobs);
+  check(pc.weights_versions.length === 16 && pro.json.usage.completion_tokens === 16, 'weights_versions length == completion tokens', pc.weights_versions);
+  // Temperature 1 and no filters: processed == raw (up to the last bits of two summation orders).
+  const one = { ...body, temperature: 1, top_p: 1 };
+  const r1 = (await post('/v1/completions', { ...one, logprobs_mode: 'raw' })).json.choices[0];
+  const p1 = (await post('/v1/completions', { ...one, logprobs_mode: 'processed' })).json.choices[0];
+  const d1 = Math.max(...r1.logprobs.token_logprobs.map((v, i) => Math.abs(v - p1.logprobs.token_logprobs[i])));
+  check(d1 < 1e-5, 'temperature 1, no filters: processed == raw', d1);
+
+  // Streaming: the chunks' token_ids concatenate to the non-streamed ids; every chunk carries a
+  // weights_version; the first carries prompt_token_ids.
+  const stream = await client.completions.create({ ...body, logprobs_mode: 'processed', stream: true });
+  const ids = [], lps = [];
+  let first = null, versions_ok = true;
+  for await (const ch of stream) {
+    const c = ch.choices[0];
+    if (!c) continue;
+    if (!first) first = c;
+    ids.push(...(c.token_ids || []));
+    if (c.logprobs) lps.push(...c.logprobs.token_logprobs);
+    versions_ok = versions_ok && 'weights_version' in c && (c.token_ids.length === 0 || c.weights_version === 0);
+  }
+  check(JSON.stringify(ids) === JSON.stringify(pc.token_ids), 'streamed token_ids == non-streamed', [ids, pc.token_ids]);
+  check(JSON.stringify(lps) === JSON.stringify(pc.logprobs.token_logprobs), 'streamed processed logprobs == non-streamed', [lps, pc.logprobs.token_logprobs]);
+  check(versions_ok, 'every streamed chunk carries weights_version');
+  check(first && JSON.stringify(first.prompt_token_ids) === JSON.stringify(prompt), 'first chunk carries prompt_token_ids', first);
+
+  // A stop token id ends the choice and is the last of its token_ids (as vLLM).
+  const stopId = gc.token_ids[3];
+  const st = await post('/v1/completions', { model: MODEL, prompt, max_tokens: n, temperature: 0, return_token_ids: true,
+                                             stop_token_ids: [stopId] });
+  const sc = st.json.choices[0];
+  check(sc.finish_reason === 'stop' && sc.token_ids[sc.token_ids.length - 1] === stopId &&
+        sc.token_ids.length === gc.token_ids.indexOf(stopId) + 1 && sc.weights_versions.length === sc.token_ids.length,
+        'stop token id is the last token id', sc);
+
+  // Chat: prompt_token_ids at the top level == /tokenize of the messages; default mode is raw.
+  const msgs = [{ role: 'user', content: 'Once upon a time' }];
+  const tk = await post('/tokenize', { model: MODEL, messages: msgs });
+  const cr = await post('/v1/chat/completions', { model: MODEL, messages: msgs, max_tokens: 6, temperature: 0.5, seed: 3,
+                                                  logprobs: true, return_token_ids: true, ignore_eos: true });
+  check(cr.status === 200 && JSON.stringify(cr.json.prompt_token_ids) === JSON.stringify(tk.json.tokens), 'chat prompt_token_ids', cr.json);
+  const cc = cr.json.choices[0];
+  check(cc.token_ids.length === 6 && cc.weights_versions.length === 6 && cc.logprobs.content.length === 6, 'chat token_ids / weights_versions', cc);
+  const cp = await post('/v1/chat/completions', { model: MODEL, messages: msgs, max_tokens: 6, temperature: 0.5, seed: 3,
+                                                  logprobs: true, ignore_eos: true, logprobs_mode: 'processed' });
+  const cpc = cp.json.choices[0];
+  check(cpc.logprobs.content.every((e, i) => e.logprob !== cc.logprobs.content[i].logprob), 'chat processed != raw at temperature 0.5',
+        [cpc.logprobs.content.map(e => e.logprob), cc.logprobs.content.map(e => e.logprob)]);
+  check(!('token_ids' in cpc) && Array.isArray(cpc.weights_versions), 'no token_ids unless asked; weights_versions always', cpc);
+
+  for (const [route, b] of [['/v1/completions', { prompt }], ['/v1/chat/completions', { messages: msgs }]]) {
+    const bad = await post(route, { model: MODEL, max_tokens: 2, logprobs_mode: 'raw_logits', ...b });
+    check(bad.status === 400 && bad.json.error.param === 'logprobs_mode' && /logprobs_mode/.test(bad.json.error.message),
+          `bad logprobs_mode -> 400 (${route})`, bad.json);
+  }
+  const oov = await post('/v1/completions', { model: MODEL, prompt: [1, 2, oracle.vocab_size], max_tokens: 2 });
+  check(oov.status === 400 && oov.json.error.param === 'prompt' && /vocabulary/.test(oov.json.error.message), 'token id prompt outside the vocabulary -> 400', oov.json);
+}
+
 (async () => {
   const t0 = Date.now();
   for (const [name, fn] of [['greedy oracle', testGreedyOracle], ['chat', testChat], ['n/logprobs/stops', testNLogprobsStops],
-                            ['32 streams', testConcurrentEqualsSolo], ['abort', testAbort], ['errors', testErrors]]) {
+                            ['32 streams', testConcurrentEqualsSolo], ['abort', testAbort], ['errors', testErrors],
+                            ['rl fields', testRlFields]]) {
     try { await fn(); } catch (e) { failed++; console.error(`FAIL ${name}: ${e && e.stack || e}`); }
   }
   console.log(`serve_real.test.js: ${passed} passed, ${failed} failed (${Date.now() - t0} ms)`);

@@ -36,6 +36,8 @@ typedef struct res {
     int32_t tok[MAXN][MAXT];
     float lp[MAXN][MAXT];
     int32_t top0[MAXN][MAXT];  // best alternative's id (logprobs >= 1)
+    int ntop[MAXN][MAXT];
+    uint64_t ver[MAXN][MAXT];  // weights_version of each token event
     char text[MAXN][4096];
     size_t tlen[MAXN];
     td_finish_reason fin[MAXN];
@@ -77,6 +79,8 @@ static void s_token(void *ctx, const td_gen_token *t) {
         r->tok[j][k] = t->token;
         r->lp[j][k] = t->has_logprob ? t->logprob : 1.0f;
         r->top0[j][k] = t->n_top > 0 ? t->top[0].token : -1;
+        r->ntop[j][k] = t->n_top;
+        r->ver[j][k] = t->weights_version;
         r->ntok[j]++;
     }
     if (r->tlen[j] + t->text_len < sizeof r->text[j]) {
@@ -429,6 +433,109 @@ static void test_batch_invariance(loaded *L) {
            td_dtype_name(g_kv_dtype), same, N, dlp, (unsigned long long)st.num_preemptions);
     free_eng(e);
     for (int i = 0; i < N; i++) free(solo[i]), free(conc[i]);
+}
+
+// logprobs_processed: each sampled token's logprob must be (float)td_sampler_logprob over an
+// independent td_forward's logits for the same prefix (prefill the prompt, then one token at a
+// time, as the engine runs a request alone), with the request's parameters and the history the
+// sampler saw, bit for bit; alternatives are the kept set's best; every token carries weights
+// version 0; the same seed gives the same tokens in raw mode, whose logprobs differ.
+static void test_processed_logprobs(loaded *L) {
+    const int V = L->m->cfg.vocab_size;
+    enum { NP = 21, NT = 40 };
+    int32_t prompt[NP];
+    for (int k = 0; k < NP; k++) prompt[k] = (int32_t)rnd((uint32_t)V - 2);
+    prompt[5] = prompt[9] = prompt[14];  // repeated tokens for the penalties
+    td_eng *e = mk_eng(L, 4, 64, 0, false);
+    td_sampler *smp = td_sampler_create(V);
+    td_forward_params fp = td_forward_default_params();
+    fp.max_batch_tokens = NP;
+    fp.max_ctx = NP + NT + 1;
+    fp.n_threads = 2;
+    td_forward *f = NULL;
+    td_err err = {0};
+    CHECK(td_forward_create(L->m, &fp, &f, &err) == TD_OK, "forward: %s", err.msg);
+    float *logits = malloc((size_t)V * sizeof(float));
+    td_logit_bias lb[2] = {{(int32_t)(V / 3), 3.0f}, {(int32_t)(V / 2), -2.0f}};
+    td_logit_bias_entry lbe[2] = {{lb[0].token, lb[0].bias}, {lb[1].token, lb[1].bias}};
+    for (int cfg = 0; cfg < 2 && f; cfg++) {
+        td_sampling_params sp = td_sampling_default_params();
+        sp.temperature = 0.7f;
+        sp.top_p = 0.9f;
+        if (cfg == 1) {
+            sp.top_k = 40;
+            sp.min_p = 0.02f;
+            sp.repetition_penalty = 1.3f;
+            sp.presence_penalty = 0.5f;
+            sp.frequency_penalty = 0.3f;
+            sp.logit_bias = lb;
+            sp.n_logit_bias = 2;
+        }
+        td_gen_request g = greq(prompt, NP, NT);
+        g.temperature = sp.temperature;
+        g.top_p = sp.top_p;
+        g.top_k = sp.top_k;
+        g.min_p = sp.min_p;
+        g.repetition_penalty = sp.repetition_penalty;
+        g.presence_penalty = sp.presence_penalty;
+        g.frequency_penalty = sp.frequency_penalty;
+        if (cfg == 1) g.logit_bias = lbe, g.n_logit_bias = 2;
+        g.has_seed = true;
+        g.seed = 1234 + (uint64_t)cfg;
+        g.logprobs = 3;
+        g.logprobs_processed = true;
+        res *r = run1(e, &g);
+        g.logprobs_processed = false;
+        res *raw = run1(e, &g);
+        CHECK(r->st == TD_OK && r->ntok[0] == NT, "cfg %d: %d tokens (%s)", cfg, r->ntok[0], r->msg);
+        int same_tok = raw->ntok[0] == r->ntok[0], lp_differs = 0, bad = 0, bad_top = 0, bad_ver = 0, fin = 0;
+        for (int k = 0; k < r->ntok[0] && k < raw->ntok[0]; k++) {
+            same_tok &= r->tok[0][k] == raw->tok[0][k];
+            lp_differs += r->lp[0][k] != raw->lp[0][k];
+        }
+        // The independent path.
+        int32_t *pos = malloc(NP * sizeof(int32_t)), *seq = calloc(NP, sizeof(int32_t));
+        uint8_t *want = calloc(NP, 1);
+        for (int i = 0; i < NP; i++) pos[i] = i;
+        want[NP - 1] = 1;
+        td_batch b = {.n_tokens = NP, .tokens = prompt, .pos = pos, .seq_id = seq, .want_logits = want};
+        td_forward_seq_clear(f, 0);
+        bool ok = td_forward_run(f, &b, logits, &err) == TD_OK;
+        CHECK(ok, "forward prefill: %s", err.msg);
+        const int32_t *out = r->tok[0];
+        for (int k = 0; ok && k < r->ntok[0]; k++) {
+            double lp = td_sampler_logprob(smp, &sp, logits, prompt, NP, out, k, out[k], NULL);
+            float flp = (float)lp;
+            fin += isfinite(lp);
+            if (memcmp(&flp, &r->lp[0][k], sizeof flp) != 0) {
+                if (bad == 0) printf("cfg %d token %d: engine %.9g, recomputed %.9g\n", cfg, k, r->lp[0][k], flp);
+                bad++;
+            }
+            int32_t ids[3];
+            float tl[3];
+            int n = td_sampler_logprob_topk(smp, 3, ids, tl);
+            bad_top += n != r->ntop[0][k] || (n > 0 && ids[0] != r->top0[0][k]);
+            bad_ver += r->ver[0][k] != 0;
+            int32_t p = NP + k, s0 = 0;
+            td_batch d = {.n_tokens = 1, .tokens = &out[k], .pos = &p, .seq_id = &s0};
+            ok = td_forward_run(f, &d, logits, &err) == TD_OK;
+        }
+        CHECK(bad == 0, "cfg %d: %d of %d processed logprobs differ from td_sampler_logprob over td_forward", cfg, bad,
+              r->ntok[0]);
+        CHECK(fin == r->ntok[0], "cfg %d: %d of %d sampled tokens have a finite processed logprob", cfg, fin, r->ntok[0]);
+        CHECK(bad_top == 0, "cfg %d: %d tokens whose alternatives differ from the kept set's best", cfg, bad_top);
+        CHECK(bad_ver == 0, "cfg %d: %d tokens not at weights version 0", cfg, bad_ver);
+        CHECK(same_tok, "cfg %d: the logprobs mode changed the sampled tokens", cfg);
+        CHECK(lp_differs > NT / 2, "cfg %d: raw and processed logprobs differ on only %d of %d tokens", cfg, lp_differs, NT);
+        printf("processed logprobs cfg %d: %d tokens, %d mismatches vs td_forward + td_sampler_logprob, %d differ from raw\n",
+               cfg, r->ntok[0], bad, lp_differs);
+        free(pos), free(seq), free(want);
+        free(r), free(raw);
+    }
+    free(logits);
+    td_forward_free(f);
+    td_sampler_free(smp);
+    free_eng(e);
 }
 
 // Prefix reuse: a 70-token prompt, then a request sharing its first 64 tokens; returns the engine
@@ -810,6 +917,7 @@ int main(int argc, char **argv) {
     if (load("llama2", &L)) {
         test_forward_external(L.m);
         test_batch_invariance(&L);
+        test_processed_logprobs(&L);
         test_prefix_and_prompt_logprobs(&L);
         test_f16_cache(&L);
         test_cancel_n_stop(&L);

@@ -1,5 +1,8 @@
 // Sampler against the torch oracle (tests/reference/sampler_oracle.py): the filtered distribution
-// for each parameter combination, seeded reproducibility, and empirical frequencies.
+// for each parameter combination, seeded reproducibility, and empirical frequencies; the processed
+// log-probabilities of td_sampler_logprob (every token, removed ones -inf) and their gradient against
+// torch autograd; the kept set equal to the set the sampler draws from (exactly against
+// td_sampler_probs' support, statistically against draws), also with ties at the top-k boundary.
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +94,131 @@ static void test_big_vocab(void) {
     free(l0), free(l), free(prob), free(ord);
 }
 
+// td_sampler_logprob on one oracle case: every token's processed logprob (null: removed -> -inf),
+// logits untouched, the kept set == td_sampler_probs' support at temperature > 0 (exact), and the
+// gradient against autograd for the oracle's grad_tokens.
+static void check_logprob_case(const cJSON *c, int ci, td_sampler *s, const td_sampling_params *p, int V,
+                               const float *logits0, const int32_t *prompt, int np, const int32_t *output, int no) {
+    float *l = malloc(V * sizeof(float)), *dl = malloc(V * sizeof(float)), *probs = malloc(V * sizeof(float));
+    memcpy(l, logits0, V * sizeof(float));
+    const cJSON *lps = cJSON_GetObjectItem(c, "logprobs");
+    CHECK(cJSON_GetArraySize(lps) == V, "case %d: oracle logprobs (regenerate: tests/oracle/gen/sampler.sh)", ci);
+    double maxd = 0;
+    int kept_bad = 0, n_kept = 0;
+    for (int j = 0; j < V && cJSON_GetArraySize(lps) == V; j++) {
+        const cJSON *w = cJSON_GetArrayItem(lps, j);
+        double got = td_sampler_logprob(s, p, l, prompt, np, output, no, j, NULL);
+        if (cJSON_IsNull(w)) {
+            kept_bad += got != -INFINITY;
+        } else {
+            n_kept++;
+            if (!isfinite(got)) kept_bad++;
+            else if (fabs(got - w->valuedouble) > maxd) maxd = fabs(got - w->valuedouble);
+        }
+    }
+    CHECK(memcmp(l, logits0, V * sizeof(float)) == 0, "case %d: td_sampler_logprob modified logits", ci);
+    CHECK(kept_bad == 0, "case %d: %d tokens kept/removed differently from the oracle", ci, kept_bad);
+    CHECK(maxd < 2e-5, "case %d (vocab %d): max |logprob - oracle| = %g over %d kept", ci, V, maxd, n_kept);
+    if (p->temperature > 0) {
+        td_sampler_probs(s, p, l, prompt, np, output, no, probs);
+        int diff = 0;
+        // A kept token whose float probability underflows (logit_bias -100) is in the set but has
+        // probs 0; below exp(-60) only kept => finite is checked.
+        for (int j = 0; j < V; j++) {
+            double lp = td_sampler_logprob(s, p, logits0, prompt, np, output, no, j, NULL);
+            diff += probs[j] > 0 ? !isfinite(lp) : lp > -60;
+        }
+        CHECK(diff == 0, "case %d: kept set != the sampler's support on %d tokens", ci, diff);
+    }
+    const cJSON *gt = cJSON_GetObjectItem(c, "grad_tokens"), *gs = cJSON_GetObjectItem(c, "grads");
+    CHECK(cJSON_GetArraySize(gt) >= 1 && cJSON_GetArraySize(gt) == cJSON_GetArraySize(gs), "case %d: oracle grads", ci);
+    for (int k = 0; k < cJSON_GetArraySize(gt) && k < cJSON_GetArraySize(gs); k++) {
+        int32_t t = cJSON_GetArrayItem(gt, k)->valueint;
+        const cJSON *g = cJSON_GetArrayItem(gs, k);
+        double lp = td_sampler_logprob(s, p, logits0, prompt, np, output, no, t, dl);
+        double lp0 = td_sampler_logprob(s, p, logits0, prompt, np, output, no, t, NULL);
+        CHECK(lp == lp0, "case %d: the logprob depends on dlogits being asked for", ci);
+        double gd = 0, gsum = 0;
+        int j = 0, nz_out = 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, g) {
+            if (j < V) {
+                double d = fabs(dl[j] - x->valuedouble);
+                gd = d > gd ? d : gd;
+                gsum += dl[j];
+                if (cJSON_IsNull(cJSON_GetArrayItem(lps, j)) && dl[j] != 0) nz_out++;
+            }
+            j++;
+        }
+        CHECK(j == V, "case %d: oracle grad length %d", ci, j);
+        CHECK(gd < 2e-6, "case %d token %d: max |dlogits - autograd| = %g", ci, t, gd);
+        CHECK(nz_out == 0, "case %d token %d: %d nonzero gradients outside the kept set", ci, t, nz_out);
+        (void)gsum;
+    }
+    // A removed token: -inf and an all-zero gradient.
+    for (int j = 0; j < V; j++)
+        if (cJSON_IsNull(cJSON_GetArrayItem(lps, j))) {
+            double lp = td_sampler_logprob(s, p, logits0, prompt, np, output, no, j, dl);
+            int nz = 0;
+            for (int i = 0; i < V; i++) nz += dl[i] != 0;
+            CHECK(lp == -INFINITY && nz == 0, "case %d: removed token %d: logprob %g, %d nonzero gradients", ci, j, lp, nz);
+            break;
+        }
+    free(l), free(dl), free(probs);
+}
+
+// Ties at the filters' boundaries (top-k among equal logits, equal logits across the top-p cut, the
+// top_k == 1 shortcut among tied maxima): the kept set of td_sampler_logprob must be the set the
+// sampler draws from, exactly (td_sampler_probs' support) and for every draw.
+static void test_logprob_ties(void) {
+    enum { V = 64 };
+    float l0[V], l[V], probs[V];
+    for (int i = 0; i < V; i++) l0[i] = i % 3 == 0 ? 2.0f : i % 3 == 1 ? 1.0f : (float)(i % 7) * 0.1f;
+    const int ks[] = {1, 3, 5, 11, 22, 23, 40};
+    const float tps[] = {1.0f, 0.5f, 0.7f};
+    int bad = 0, outside = 0;
+    td_sampler *s = td_sampler_create(V);
+    for (size_t a = 0; a < sizeof ks / sizeof *ks; a++)
+        for (size_t b = 0; b < sizeof tps / sizeof *tps; b++) {
+            td_sampling_params p = td_sampling_default_params();
+            p.top_k = ks[a];
+            p.top_p = tps[b];
+            p.temperature = 0.9f;
+            memcpy(l, l0, sizeof l);
+            td_sampler_probs(s, &p, l, NULL, 0, NULL, 0, probs);
+            double mass = 0;
+            for (int j = 0; j < V; j++) {
+                double lp = td_sampler_logprob(s, &p, l0, NULL, 0, NULL, 0, j, NULL);
+                bad += (probs[j] > 0) != isfinite(lp);
+                if (isfinite(lp)) mass += exp(lp);
+            }
+            CHECK(fabs(mass - 1.0) < 1e-9, "top_k %d top_p %g: kept mass %.17g", ks[a], tps[b], mass);
+            td_rng r;
+            td_rng_seed(&r, 5 + a * 7 + b);
+            for (int k = 0; k < 500; k++) {
+                memcpy(l, l0, sizeof l);
+                int32_t t = td_sampler_sample(s, &p, l, NULL, 0, NULL, 0, &r);
+                outside += !isfinite(td_sampler_logprob(s, &p, l0, NULL, 0, NULL, 0, t, NULL));
+            }
+        }
+    CHECK(bad == 0, "ties: %d tokens where the kept set and the sampler's support differ", bad);
+    CHECK(outside == 0, "ties: %d draws outside the kept set", outside);
+    // Greedy: processed as temperature 1 with the filters; the argmax is kept.
+    td_sampling_params p = td_sampling_default_params();
+    p.temperature = 0;
+    p.top_k = 4;
+    td_sampler_logprob(s, &p, l0, NULL, 0, NULL, 0, 0, NULL);
+    int32_t ids[8];
+    float tl[8];
+    int n = td_sampler_logprob_topk(s, 8, ids, tl);
+    double lp = n > 0 ? td_sampler_logprob(s, &p, l0, NULL, 0, NULL, 0, ids[n - 1], NULL) : 0;
+    CHECK(fabs(lp + log(4.0)) < 1e-12, "greedy top_k 4 among tied maxima: logprob %g", lp);
+    bool ok = n == 4;
+    for (int i = 0; i < n && ok; i++) ok = l0[ids[i]] == 2.0f && fabsf(tl[i] + logf(4.0f)) < 1e-6f && (i == 0 || ids[i] > ids[i - 1]);
+    CHECK(ok, "topk of the kept set: n %d, ids %d %d %d %d", n, ids[0], ids[1], ids[2], ids[3]);
+    td_sampler_free(s);
+}
+
 int main(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/sampler_oracle.json", td_test_data_dir());
@@ -167,6 +295,16 @@ int main(void) {
             if (k >= 200 && V > 100) break;  // the big vocabulary only checks support and seeds
         }
         CHECK(same, "case %d: same seed gave different tokens", ci);
+        if (p.temperature > 0 && V <= 100) {
+            // Draw frequencies follow exp(td_sampler_logprob): the logprob describes what is drawn.
+            int bad = 0;
+            for (int j = 0; j < V; j++) {
+                double pj = exp(td_sampler_logprob(s, &p, logits0, prompt, np, output, no, j, NULL));
+                double mu = N * pj, sd = sqrt(N * pj * (1 - pj));
+                if (fabs(hist[j] - mu) > 5 * sd + 1) bad++;
+            }
+            CHECK(bad == 0, "case %d: %d tokens drawn with frequencies implausible under exp(logprob)", ci, bad);
+        }
         CHECK(outside == 0, "case %d: %d draws outside the oracle's support", ci, outside);
         if (V <= 100) {
             // Each token's count within 5 standard deviations of N * p (binomial).
@@ -178,6 +316,7 @@ int main(void) {
             CHECK(bad == 0, "case %d: %d tokens with implausible frequencies", ci, bad);
         }
         free(hist);
+        check_logprob_case(c, ci, s, &p, V, logits0, prompt, np, output, no);
         td_sampler_free(s);
         free(logits0), free(logits), free(probs), free(want);
         ci++;
@@ -193,6 +332,7 @@ int main(void) {
     CHECK(ids[0] == 2 && ids[1] == 4 && ids[2] == 3, "top-3 ids %d %d %d", ids[0], ids[1], ids[2]);
     CHECK_NEAR(lps[2], 2.5 - log(ref), 1e-6, "top-3 logprob");
     test_big_vocab();
+    test_logprob_ties();
     cJSON_Delete(cases);
     free(text);
     TEST_DONE();

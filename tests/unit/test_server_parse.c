@@ -99,6 +99,14 @@ static const bad_case bad[] = {
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, \"top_logprobs\": 30}", 400, "top_logprobs"},
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": 0}", 400, "max_completion_tokens"},
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"add_generation_prompt\": \"no\"}", 400, "add_generation_prompt"},
+    {C, "{\"prompt\": \"x\", \"logprobs_mode\": \"raw_logits\"}", 400, "logprobs_mode"},
+    {C, "{\"prompt\": \"x\", \"logprobs_mode\": \"Processed\"}", 400, "logprobs_mode"},
+    {C, "{\"prompt\": \"x\", \"logprobs_mode\": 1}", 400, "logprobs_mode"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs_mode\": \"\"}", 400, "logprobs_mode"},
+    {C, "{\"prompt\": \"x\", \"return_token_ids\": 1}", 400, "return_token_ids"},
+    {C, "{\"prompt\": [3, 259]}", 400, "prompt"},
+    {C, "{\"prompt\": [3, -1]}", 400, "prompt"},
+    {C, "{\"prompt\": [3, 4.5]}", 400, "prompt"},
 };
 
 static td_api_limits limits(void) {
@@ -171,6 +179,29 @@ int main(void) {
             }
             td_srv_arena_destroy(a);
         }
+    }
+    // logprobs_mode: every spelling, null as absent, and the server default (--logprobs-mode).
+    {
+        const char *modes[] = {"\"raw\"", "\"raw_logprobs\"", "\"processed\"", "\"processed_logprobs\"", "null"};
+        const int want[] = {0, 0, 1, 1, -1};  // -1: the default
+        for (int dflt = 0; dflt < 2; dflt++)
+            for (int k = 0; k < 5; k++)
+                for (int kind = 0; kind < 2; kind++) {
+                    char body[256];
+                    snprintf(body, sizeof body, kind ? "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], %s%s}"
+                                                     : "{\"prompt\": [3], %s%s}",
+                             "\"return_token_ids\": true, \"logprobs_mode\": ", modes[k]);
+                    td_api_limits l2 = lim;
+                    l2.default_logprobs_processed = dflt;
+                    td_srv_arena *a = td_srv_arena_create(256);
+                    td_api_request r;
+                    td_api_error e = {0};
+                    bool ok = td_api_parse(kind ? TD_API_CHAT : TD_API_COMPLETIONS, body, strlen(body), &l2, "m", a, &r, &e);
+                    bool w = want[k] < 0 ? dflt : want[k];
+                    CHECK(ok && r.gen.logprobs_processed == w && r.return_token_ids, "%s (default %d): ok %d processed %d (%s)",
+                          body, dflt, ok, ok && r.gen.logprobs_processed, e.message);
+                    td_srv_arena_destroy(a);
+                }
     }
     // Chat.
     {
