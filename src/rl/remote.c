@@ -508,6 +508,7 @@ static void readmit(pool *pl, server *s) {
             td_status st = e.status == TD_ERR_TIMEOUT ? TD_ERR_TIMEOUT : TD_ERR_IO;
             s->state = TD_RL_SERVER_STARTING;  // counts as a failed start
             s->fails_in_row++;
+            TD_LOGW("rl remote: %s: re-sync failed, not readmitted: %s", s->url, e.msg);
             server_drop(pl, s, st, "re-sync of sync %llu failed: %s", (unsigned long long)pl->sync_no, e.msg);
             return;
         }
@@ -546,6 +547,11 @@ static void health_done(pool *pl, server *s, CURLcode rc) {
             server_drop(pl, s, TD_ERR_IO, "GET /health answered HTTP %ld", code);
     } else if (ok && (s->state == TD_RL_SERVER_STARTING || s->state == TD_RL_SERVER_DOWN)) {
         readmit(pl, s);
+    } else if (!ok && s->state == TD_RL_SERVER_DOWN && !s->launched) {
+        if (rc != CURLE_OK)
+            snprintf(s->last_error, sizeof s->last_error, "GET /health failed: %s", curl_easy_strerror(rc));
+        else
+            snprintf(s->last_error, sizeof s->last_error, "GET /health answered HTTP %ld", code);
     }
 }
 
@@ -822,6 +828,8 @@ static td_status remote_sync(void *ctx, const td_model_config *cfg, td_export_ge
                              double *seconds, td_err *err) {
     pool *pl = ctx;
     double t0 = td_now();
+    if (!HAVE_PUSH)  // nothing dropped, nothing counted
+        return td_err_set(err, TD_ERR_UNSUPPORTED, "remote engine: weight sync needs rl/push.h (not built in)");
     drive(pl, 0);
     uint64_t k = pl->sync_no + 1;
     pl->cfg = *cfg;
@@ -854,7 +862,7 @@ static td_status remote_sync(void *ctx, const td_model_config *cfg, td_export_ge
     if (seconds) *seconds = dt;
     if (version) *version = k;
     if (n_ok == 0)
-        return td_err_set(err, n_tried ? TD_ERR_IO : TD_ERR_IO, "sync %llu: no server took the weights (%s)",
+        return td_err_set(err, TD_ERR_IO, "sync %llu: no server took the weights (%s)",
                           (unsigned long long)k, n_tried ? fails : "no server up");
     if (n_ok < n_tried) TD_LOGW("rl remote: sync %llu: %d of %d servers dropped (%s)", (unsigned long long)k,
                                     n_tried - n_ok, n_tried, fails);

@@ -10,6 +10,9 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -256,6 +259,162 @@ static bool any_failed_naming(rq *qs, int n, const char *url) {
     for (int i = 0; i < n; i++)
         if (qs[i].back && qs[i].r.status != TD_OK && strstr(qs[i].r.msg, url)) return true;
     return false;
+}
+
+// ---- a fake server: /health 200, /v1/weights version 0, /v1/completions as `mode` says ------------
+
+enum { FAKE_MALFORMED, FAKE_HANG, FAKE_500, FAKE_NOT_JSON };
+
+typedef struct fake {
+    int lfd, port;
+    volatile int mode;
+    volatile bool stop;
+    pthread_mutex_t mu;
+    char auth[300];  // the last completions request's Authorization header
+    pthread_t th;
+} fake;
+
+static fake g_fake = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void fake_send(int fd, int code, const char *body) {
+    char h[256];
+    int n = snprintf(h, sizeof h, "HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                     code, strlen(body));
+    if (write(fd, h, (size_t)n) < 0 || write(fd, body, strlen(body)) < 0) return;
+}
+
+static void *fake_conn(void *arg) {
+    int fd = (int)(intptr_t)arg;
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char req[65536];
+    size_t n = 0;
+    char *end = NULL;
+    while (n < sizeof req - 1) {
+        ssize_t k = read(fd, req + n, sizeof req - 1 - n);
+        if (k <= 0) break;
+        n += (size_t)k;
+        req[n] = 0;
+        if ((end = strstr(req, "\r\n\r\n"))) {
+            const char *cl = strcasestr(req, "Content-Length:");
+            size_t want = cl ? (size_t)atol(cl + 15) : 0;
+            if (n >= (size_t)(end + 4 - req) + want) break;
+        }
+    }
+    if (!end) {
+        close(fd);
+        return NULL;
+    }
+    if (!strncmp(req, "GET /health", 11)) {
+        fake_send(fd, 200, "");
+    } else if (!strncmp(req, "GET /v1/weights", 15)) {
+        fake_send(fd, 200, "{\"version\":0}");
+    } else if (!strncmp(req, "POST /v1/completions", 20)) {
+        const char *a = strcasestr(req, "\r\nAuthorization: ");
+        pthread_mutex_lock(&g_fake.mu);
+        g_fake.auth[0] = 0;
+        if (a) sscanf(a + 17, "%299[^\r]", g_fake.auth);
+        pthread_mutex_unlock(&g_fake.mu);
+        switch (g_fake.mode) {
+        case FAKE_MALFORMED:
+            fake_send(fd, 200, "{\"choices\":[{\"index\":0,\"text\":\"x\",\"logprobs\":{\"token_logprobs\":[-1]},"
+                               "\"weights_versions\":[0],\"finish_reason\":\"length\"}]}");
+            break;
+        case FAKE_HANG:
+            while (!g_fake.stop) usleep(20000);
+            break;
+        case FAKE_500: fake_send(fd, 500, "{\"error\":{\"message\":\"boom\",\"type\":\"InternalServerError\",\"code\":500}}"); break;
+        default: fake_send(fd, 200, "<html>not json</html>"); break;
+        }
+    } else {
+        fake_send(fd, 404, "{}");
+    }
+    close(fd);
+    return NULL;
+}
+
+static void *fake_main(void *arg) {
+    (void)arg;
+    while (!g_fake.stop) {
+        struct pollfd pf = {.fd = g_fake.lfd, .events = POLLIN};
+        if (poll(&pf, 1, 50) <= 0) continue;
+        int c = accept(g_fake.lfd, NULL, NULL);
+        if (c < 0) continue;
+        pthread_t t;
+        if (pthread_create(&t, NULL, fake_conn, (void *)(intptr_t)c) == 0)
+            pthread_detach(t);
+        else
+            close(c);
+    }
+    return NULL;
+}
+
+static bool fake_start(void) {
+    g_fake.lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    socklen_t len = sizeof a;
+    if (bind(g_fake.lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(g_fake.lfd, 64) != 0 ||
+        getsockname(g_fake.lfd, (struct sockaddr *)&a, &len) != 0)
+        return false;
+    g_fake.port = ntohs(a.sin_port);
+    return pthread_create(&g_fake.th, NULL, fake_main, NULL) == 0;
+}
+
+static void fake_stop(void) {
+    g_fake.stop = true;
+    pthread_join(g_fake.th, NULL);
+    close(g_fake.lfd);
+    usleep(100000);  // connection threads see stop
+}
+
+// Malformed answers, server errors, a hung request (request_timeout_ms), the API key.
+static void test_fake(void) {
+    CHECK(fake_start(), "fake server");
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", g_fake.port);
+    const char *urls[] = {url};
+    td_rl_remote_params p = pool_params();
+    p.urls = urls;
+    p.n_urls = 1;
+    p.api_key = "sekret";
+    p.request_timeout_ms = 1500;
+    td_rl_engine e;
+    td_err err = {0};
+    td_status st = td_rl_remote_engine(&p, &e, &err);
+    CHECK(st == TD_OK, "pool on the fake server: %s", err.msg);
+    if (st != TD_OK) return fake_stop();
+    static rq q;
+    int32_t prompt[3] = {1, 2, 3};
+    struct {
+        int mode;
+        td_status st;
+        const char *what;
+    } cases[] = {{FAKE_MALFORMED, TD_ERR_FORMAT, "token_ids"}, {FAKE_500, TD_ERR_IO, "boom"}, {FAKE_NOT_JSON, TD_ERR_FORMAT, "not JSON"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        g_fake.mode = cases[i].mode;
+        rq_init(&q, i, prompt, 3, 1, 4, 1);
+        CHECK(e.vt->submit(e.ctx, &q.r, &err) == TD_OK, "submit: %s", err.msg);
+        CHECK(wait_all(&e, &q, 1, 5) == 1, "back");
+        CHECK(q.r.status == cases[i].st && strstr(q.r.msg, cases[i].what) && strstr(q.r.msg, url), "case %zu: %s: %s", i,
+              td_status_name(q.r.status), q.r.msg);
+        CHECK(stat_of(&e, 0).state == TD_RL_SERVER_UP, "a bad answer does not drop the server");
+    }
+    pthread_mutex_lock(&g_fake.mu);
+    CHECK(!strcmp(g_fake.auth, "Bearer sekret"), "the API key was sent (%s)", g_fake.auth);
+    pthread_mutex_unlock(&g_fake.mu);
+    g_fake.mode = FAKE_HANG;
+    rq_init(&q, 9, prompt, 3, 1, 4, 1);
+    CHECK(e.vt->submit(e.ctx, &q.r, &err) == TD_OK, "submit: %s", err.msg);
+    double t0 = td_now();
+    CHECK(wait_all(&e, &q, 1, 5) == 1, "the hung request came back");
+    double dt = td_now() - t0;
+    CHECK(q.r.status == TD_ERR_TIMEOUT && strstr(q.r.msg, url), "TD_ERR_TIMEOUT naming the server: %s", q.r.msg);
+    CHECK(dt >= 1.4 && dt < 2.5, "after request_timeout_ms (%.2f s)", dt);
+    td_rl_remote_server_stats s = stat_of(&e, 0);
+    CHECK(s.drops == 1, "the server was marked unhealthy (%llu drops: %s)", (unsigned long long)s.drops, s.last_error);
+    e.vt->free(e.ctx);
+    fake_stop();
 }
 
 // ---- the tests ------------------------------------------------------------------------------------
@@ -686,6 +845,7 @@ int main(void) {
     else
         CHECK(false, "the sync test needs `serve --enable-weight-sync` and rl/push.h (branch a2)");
     test_urls();
+    test_fake();
     td_model_free(m);
     TEST_DONE();
 }
