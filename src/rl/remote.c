@@ -50,7 +50,8 @@ typedef struct server {
     int fails_in_row;  // failed starts since the last time UP
     CURL *health;
     bool health_busy;
-    void *pusher;
+    void *pusher;    // td_pusher (rl/push.h)
+    bool no_wsync;   // its GET /v1/weights is a 404: no weight routes (a sync to it fails)
     vpair map[VMAP];
     int n_map, map_head;
     uint64_t sync, server_version;
@@ -124,8 +125,15 @@ static int ms_min(int a, int b) { return a < b ? a : b; }
 
 static td_status push_open(pool *pl, server *s, td_err *err) {
 #if HAVE_PUSH
-    s->pusher = td_rl_pusher_create(s->url, pl->api_key, err);
-    return s->pusher ? TD_OK : td_err_prefix(err, "%s: weight pusher", s->url);
+    td_pusher_params pp = td_pusher_default_params();
+    pp.url = s->url;
+    pp.api_key = pl->api_key;
+    pp.timeout_ms = pl->p.sync_timeout_ms;
+    td_pusher *ps = NULL;
+    td_status st = td_pusher_create(&pp, &ps, err);
+    if (st != TD_OK) return td_err_prefix(err, "%s: weight pusher", s->url);
+    s->pusher = ps;
+    return TD_OK;
 #else
     (void)pl, (void)s, (void)err;
     return TD_OK;
@@ -134,25 +142,41 @@ static td_status push_open(pool *pl, server *s, td_err *err) {
 
 static void push_close(server *s) {
 #if HAVE_PUSH
-    td_rl_pusher_free(s->pusher);
+    td_pusher_free(s->pusher);
 #endif
     s->pusher = NULL;
 }
 
-// The server's own weights version now (GET /v1/weights); without push.h: 0 (a fresh server).
+// The server's own weights version now (GET /v1/weights). A server without the weight routes
+// (HTTP 404; or no push.h here) never changed its weights: version 0.
 static td_status push_version(pool *pl, server *s, uint64_t *version, td_err *err) {
+    *version = 0;
 #if HAVE_PUSH
-    return td_rl_pusher_version(s->pusher, pl->p.sync_timeout_ms, version, err);
+    td_push_info info;
+    td_status st = td_pusher_query(s->pusher, &info, err);
+    if (st == TD_OK) {
+        *version = info.version;
+        s->no_wsync = false;
+        return TD_OK;
+    }
+    if (err && strstr(err->msg, "HTTP 404")) {
+        s->no_wsync = true;
+        return TD_OK;
+    }
+    return st;
 #else
     (void)pl, (void)s, (void)err;
-    *version = 0;
+    s->no_wsync = true;
     return TD_OK;
 #endif
 }
 
 static td_status push_weights(pool *pl, server *s, uint64_t *version, td_err *err) {
 #if HAVE_PUSH
-    return td_rl_pusher_push(s->pusher, &pl->cfg, pl->get, pl->gctx, pl->p.sync_timeout_ms, version, err);
+    td_push_result res;
+    td_status st = td_pusher_push(s->pusher, &pl->cfg, pl->get, pl->gctx, &res, err);
+    if (st == TD_OK) *version = res.version;
+    return st;
 #else
     (void)pl, (void)s, (void)version;
     return td_err_set(err, TD_ERR_UNSUPPORTED, "weight sync needs rl/push.h (not built in)");

@@ -25,6 +25,8 @@
 // per server, the map "server weights version (GET /v1/weights, the per-token weights_versions of
 // /v1/completions) -> sync number", reset when that server is (re)started or readmitted. A token
 // whose server version the pool never mapped fails its request (clear error), it is never guessed.
+// A server without the weight routes (GET /v1/weights is a 404: no --enable-weight-sync) is taken
+// at version 0 and serves until the first sync, which it fails (and is dropped).
 // A re-sync reads the last source (cfg, get, gctx of the last sync call) again: that source must
 // stay valid, and should still hold sync k's values, until the next sync or free (else a re-synced
 // server's tokens labelled k come from later weights).
@@ -71,7 +73,8 @@ typedef struct td_rl_remote_params {
     int health_interval_ms;  // between GET /health of each server; default 1000
     int health_timeout_ms;   // default 2000
     int start_timeout_ms;    // a launched server's first healthy answer; default 120000
-    int sync_timeout_ms;     // one server's weight push (and its version query); default 300000
+    int sync_timeout_ms;     // each HTTP request of a weight push or version query (td_pusher's
+                             //   timeout_ms); default 300000
     int max_restarts;        // consecutive failed starts before FAILED; default 5
     int min_healthy;         // create fails with fewer servers UP; 0 (default): all of them
 } td_rl_remote_params;

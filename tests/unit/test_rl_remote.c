@@ -308,7 +308,7 @@ static void *fake_conn(void *arg) {
     if (!strncmp(req, "GET /health", 11)) {
         fake_send(fd, 200, "");
     } else if (!strncmp(req, "GET /v1/weights", 15)) {
-        fake_send(fd, 200, "{\"version\":0}");
+        fake_send(fd, 200, "{\"version\":0,\"dtype\":\"f32\"}");
     } else if (!strncmp(req, "POST /v1/completions", 20)) {
         const char *a = strcasestr(req, "\r\nAuthorization: ");
         pthread_mutex_lock(&g_fake.mu);
