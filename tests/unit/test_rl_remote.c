@@ -757,7 +757,22 @@ static void test_urls(void) {
     double t0 = td_now();
     td_status st = td_rl_remote_engine(&p, &e, &err);
     CHECK(st != TD_OK && strstr(err.msg, dead_url), "nothing listening: a clear error at create (%s)", err.msg);
+    printf("urls: %s (%.2f s)\n", err.msg, td_now() - t0);
     CHECK(td_now() - t0 < 5, "at once (%.2f s)", td_now() - t0);
+    if (st == TD_OK) e.vt->free(e.ctx);
+
+    // A launched server that cannot start (no such model): a clear error at create, the child reaped.
+    const char *bad_argv[] = {g_bin, "serve", "/nonexistent/model", NULL};
+    td_rl_remote_launch bl = {.argv = bad_argv, .port = free_port(), .log_path = "/tmp/tandem_test_rl_remote.log"};
+    td_rl_remote_params bp = pool_params();
+    bp.launch = &bl;
+    bp.n_launch = 1;
+    t0 = td_now();
+    st = td_rl_remote_engine(&bp, &e, &err);
+    CHECK(st != TD_OK && strstr(err.msg, "exited"), "a child that exits: a clear error at create (%s)", err.msg);
+    printf("urls: %s\n", err.msg);
+    CHECK(td_now() - t0 < 10, "in bounded time (%.2f s)", td_now() - t0);
+    CHECK(waitpid(-1, NULL, WNOHANG) < 0, "no child left behind");
     if (st == TD_OK) e.vt->free(e.ctx);
 
     int live = free_port();
