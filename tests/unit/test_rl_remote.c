@@ -4,8 +4,9 @@
 // server with requests in flight (they fail, it is dropped, restarted, re-synced, serves again);
 // SIGSTOP (dropped within the health timeout); sync of perturbed weights (versions 1, changed
 // logprobs) and a sync to a hung server (fails in time, dropped); nothing listening at a URL; all
-// servers down; a response beyond response_cap. The weight-sync parts need `serve
-// --enable-weight-sync` and rl/push.h; without them they are reported as not run (and fail).
+// servers down; a response beyond response_cap; a fake server (malformed answers, HTTP 500, a hung
+// request, the API key). The weight-sync parts need `serve --enable-weight-sync` and rl/push.h;
+// without them they are reported as not run (and fail).
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -72,16 +73,15 @@ static cJSON *http_json(const char *url, const char *body, long *code) {
     CURL *h = curl_easy_init();
     buf b = {0};
     struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
+    hd = curl_slist_append(hd, "Authorization: Bearer k3y");  // test_sync's servers want it; others ignore it
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 20000L);
     curl_easy_setopt(h, CURLOPT_PROXY, "");
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, buf_cb);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-    if (body) {
-        curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
-        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-    }
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+    if (body) curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     *code = 0;
     CURLcode rc = curl_easy_perform(h);
     if (rc == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, code);
@@ -209,6 +209,7 @@ static td_rl_remote_server_stats stat_of(td_rl_engine *e, int i) {
 // ---- launched servers -----------------------------------------------------------------------------
 
 static const char *g_argv[16];
+static const char *g_api_key;  // servers started with --api-key (and pools sending it) when set
 
 static void launch_spec(td_rl_remote_launch *l, int port) {
     int n = 0;
@@ -222,6 +223,10 @@ static void launch_spec(td_rl_remote_launch *l, int port) {
     g_argv[n++] = "--served-model-name";
     g_argv[n++] = "m";
     if (g_wsync) g_argv[n++] = "--enable-weight-sync";
+    if (g_api_key) {
+        g_argv[n++] = "--api-key";
+        g_argv[n++] = g_api_key;
+    }
     g_argv[n] = NULL;
     l->argv = g_argv;
     l->port = port;
@@ -653,8 +658,10 @@ static void test_failures(const td_model *m) {
     if (last0 > 0) CHECK(waitpid(last0, NULL, WNOHANG) < 0 && kill(last0, 0) < 0, "free killed and reaped the children");
 }
 
-// Sync: versions and logprobs change; a hung server fails the sync in time and is dropped.
+// Sync: versions and logprobs change; a hung server fails the sync in time and is dropped. The
+// servers require an API key: requests and pushes carry it.
 static void test_sync(const td_model *m) {
+    g_api_key = "k3y";
     td_rl_remote_launch l[2];
     int ports[2] = {free_port(), free_port()};
     launch_spec(&l[0], ports[0]);
@@ -662,6 +669,8 @@ static void test_sync(const td_model *m) {
     td_rl_remote_params p = pool_params();
     p.launch = l;
     p.n_launch = 2;
+    p.api_key = g_api_key;
+    g_api_key = NULL;
     td_rl_engine e;
     td_err err = {0};
     td_status st = td_rl_remote_engine(&p, &e, &err);
