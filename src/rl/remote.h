@@ -18,7 +18,19 @@
 // its connection or passes request_timeout_ms (that request: TD_ERR_TIMEOUT); a launched child
 // exits; a weight sync to it fails. Readmission (DOWN/STARTING -> UP) after a successful health
 // check first pushes the last synced weights (when there was a sync): a server never serves
-// stale weights. A re-sync blocks the calling submit / wait_any up to sync_timeout_ms.
+// stale weights. A re-sync blocks the calling submit / wait_any (each HTTP request of the push
+// bounded by sync_timeout_ms). sync pushes to the UP servers one after the other.
+//
+// Requests: submit sends one POST /v1/completions (prompt as token ids, n, max_tokens, temperature,
+// top_p, top_k, min_p, seed, stop, logprobs 0, logprobs_mode "processed", return_token_ids) to the
+// UP server with the fewest in flight; wait_any hands back each request once: TD_OK with every
+// choice parsed (token_ids, logprobs.token_logprobs, weights_versions, text, finish_reason; one
+// missing or malformed, more tokens than max_tokens or text beyond text_cap: an error on that
+// request naming the server), or the failure. An HTTP error answer fails the request without
+// dropping the server. cancel removes the transfer (closing its connection: the server cancels
+// the request) and hands the request back with TD_OK, every sample TD_FINISH_ABORT with no tokens
+// (non-streamed answers carry nothing partial). Seeds must be < 2^53 (JSON numbers are doubles);
+// penalties and logit bias are refused (TD_ERR_UNSUPPORTED). One thread: not thread-safe.
 //
 // Versions. Each pool sync is numbered: 0 = the weights the servers started with, k = the k-th
 // call to sync. td_rl_req.ver[t] is the sync number whose weights produced token t: the pool keeps,
@@ -27,13 +39,18 @@
 // whose server version the pool never mapped fails its request (clear error), it is never guessed.
 // A server without the weight routes (GET /v1/weights is a 404: no --enable-weight-sync) is taken
 // at version 0 and serves until the first sync, which it fails (and is dropped).
+// sync(k) pushes to every UP server, drops each that fails, and reports k and the wall time; it
+// fails (TD_ERR_IO, naming each server and why) when none took the weights, k being used anyway
+// (servers readmitted later get these weights). Requests in flight on a server continue on the new
+// weights: their later tokens carry k.
 // A re-sync reads the last source (cfg, get, gctx of the last sync call) again: that source must
 // stay valid, and should still hold sync k's values, until the next sync or free (else a re-synced
 // server's tokens labelled k come from later weights).
 //
 // Memory: every request's arrays are the caller's (td_rl_req). The pool allocates at create its
 // curl handles, one request body buffer (body_cap) and one response buffer (response_cap) per
-// in-flight slot (max_inflight); a body or response beyond them fails that request (TD_ERR_LIMIT).
+// in-flight slot (max_inflight); a body beyond body_cap fails submit, a response beyond
+// response_cap fails that request (TD_ERR_LIMIT).
 // A response is parsed with cJSON (a transient tree, freed before the request is handed back).
 #ifndef TD_RL_REMOTE_H
 #define TD_RL_REMOTE_H
