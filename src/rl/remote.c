@@ -21,12 +21,7 @@
 
 #include "base/log.h"
 
-#if __has_include("rl/push.h")
 #include "rl/push.h"
-#define HAVE_PUSH 1
-#else
-#define HAVE_PUSH 0
-#endif
 
 #define VMAP 16  // server version -> sync number pairs kept per server (a ring)
 
@@ -50,8 +45,8 @@ typedef struct server {
     int fails_in_row;  // failed starts since the last time UP
     CURL *health;
     bool health_busy;
-    void *pusher;    // td_pusher (rl/push.h)
-    bool no_wsync;   // its GET /v1/weights is a 404: no weight routes (a sync to it fails)
+    td_pusher *pusher;  // created once at create
+    bool no_wsync;      // its GET /v1/weights is a 404: no weight routes (a sync to it fails)
     vpair map[VMAP];
     int n_map, map_head;
     uint64_t sync, server_version;
@@ -124,7 +119,6 @@ static int ms_min(int a, int b) { return a < b ? a : b; }
 // ---- weights pushes (rl/push.h) -------------------------------------------------------------------
 
 static td_status push_open(pool *pl, server *s, td_err *err) {
-#if HAVE_PUSH
     td_pusher_params pp = td_pusher_default_params();
     pp.url = s->url;
     pp.api_key = pl->api_key;
@@ -134,24 +128,17 @@ static td_status push_open(pool *pl, server *s, td_err *err) {
     if (st != TD_OK) return td_err_prefix(err, "%s: weight pusher", s->url);
     s->pusher = ps;
     return TD_OK;
-#else
-    (void)pl, (void)s, (void)err;
-    return TD_OK;
-#endif
 }
 
 static void push_close(server *s) {
-#if HAVE_PUSH
     td_pusher_free(s->pusher);
-#endif
     s->pusher = NULL;
 }
 
 // The server's own weights version now (GET /v1/weights). A server without the weight routes
-// (HTTP 404; or no push.h here) never changed its weights: version 0.
+// (HTTP 404) never changed its weights: version 0.
 static td_status push_version(pool *pl, server *s, uint64_t *version, td_err *err) {
     *version = 0;
-#if HAVE_PUSH
     td_push_info info;
     td_status st = td_pusher_query(s->pusher, &info, err);
     if (st == TD_OK) {
@@ -164,23 +151,13 @@ static td_status push_version(pool *pl, server *s, uint64_t *version, td_err *er
         return TD_OK;
     }
     return st;
-#else
-    (void)pl, (void)s, (void)err;
-    s->no_wsync = true;
-    return TD_OK;
-#endif
 }
 
 static td_status push_weights(pool *pl, server *s, uint64_t *version, td_err *err) {
-#if HAVE_PUSH
     td_push_result res;
     td_status st = td_pusher_push(s->pusher, &pl->cfg, pl->get, pl->gctx, &res, err);
     if (st == TD_OK) *version = res.version;
     return st;
-#else
-    (void)pl, (void)s, (void)version;
-    return td_err_set(err, TD_ERR_UNSUPPORTED, "weight sync needs rl/push.h (not built in)");
-#endif
 }
 
 // ---- versions -------------------------------------------------------------------------------------
@@ -852,8 +829,6 @@ static td_status remote_sync(void *ctx, const td_model_config *cfg, td_export_ge
                              double *seconds, td_err *err) {
     pool *pl = ctx;
     double t0 = td_now();
-    if (!HAVE_PUSH)  // nothing dropped, nothing counted
-        return td_err_set(err, TD_ERR_UNSUPPORTED, "remote engine: weight sync needs rl/push.h (not built in)");
     drive(pl, 0);
     uint64_t k = pl->sync_no + 1;
     pl->cfg = *cfg;
