@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
-pkgs=(cmake make gcc pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libxxhash-dev zlib1g-dev libdnnl-dev
+pkgs=(cmake make gcc pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libxxhash-dev zlib1g-dev libcurl4-openssl-dev libdnnl-dev
       ocl-icd-opencl-dev opencl-headers libopenmpi-dev openmpi-bin)
 if [ $want_test = 1 ]; then
   # pocl-opencl-icd: OpenCL on the CPU, so the opencl backend's tests run without a device.

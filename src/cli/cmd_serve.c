@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "server/server.h"
+#include "server/wsync.h"
 #include "tokenizer/tokenizer.h"
 
 static void serve_usage(FILE *f) {
@@ -43,7 +44,16 @@ static void serve_usage(FILE *f) {
             "  --shutdown-timeout S     seconds in-flight requests may finish after SIGTERM (default 5)\n"
             "  --logprobs-mode M        raw (default: log_softmax of the model's logits) or processed (the\n"
             "                           distribution sampled from, after penalties, temperature and\n"
-            "                           top-k/top-p/min-p); requests override it with \"logprobs_mode\"\n");
+            "                           top-k/top-p/min-p); requests override it with \"logprobs_mode\"\n"
+            "  --api-key KEY            require \"Authorization: Bearer KEY\" on every route but /health\n"
+            "                           (default $TANDEM_API_KEY; none when unset)\n"
+            "weight sync (docs/server.md; `tandem weights push`):\n"
+            "  --enable-weight-sync     accept new weights over /v1/weights/* (costs a copy of the\n"
+            "                           weights for the engine plus a staging copy in the wire dtype)\n"
+            "  --weight-sync-dtype T    wire and staging dtype: f32 (default) or bf16 (half the memory)\n"
+            "  --weight-sync-max-bucket-mb N  largest bucket body, MiB (default 256)\n"
+            "  --weight-sync-timeout S  an idle sync session expires after S seconds; also the deadline\n"
+            "                           of applying a commit (default 60)\n");
     fprintf(f, "backends in this build: %s\n", td_backend_names());
 }
 
@@ -54,6 +64,10 @@ typedef struct {
     bool no_prefix;
     bool logprobs_processed;
     td_dtype kv_dtype;
+    const char *api_key;
+    bool weight_sync;
+    td_dtype ws_dtype;
+    long ws_bucket_mb, ws_timeout_s;
 } serve_opts;
 
 static int parse_bytes(const char *name, const char *v, size_t *out) {
@@ -78,6 +92,10 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     o->host = "127.0.0.1";
     o->port = 8000;
     o->shutdown_s = 5;
+    o->api_key = getenv("TANDEM_API_KEY");
+    o->ws_dtype = TD_F32;
+    o->ws_bucket_mb = 256;
+    o->ws_timeout_s = 60;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -122,6 +140,19 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
             else if (v && (!strcmp(v, "processed") || !strcmp(v, "processed_logprobs"))) o->logprobs_processed = true;
             else return fprintf(stderr, "tandem serve: --logprobs-mode must be raw or processed\n"), -1;
             i++;
+        } else if (!strcmp(a, "--api-key")) {
+            if (!v || !*v) return fprintf(stderr, "tandem: --api-key needs a value\n"), -1;
+            o->api_key = TAKE();
+        } else if (!strcmp(a, "--enable-weight-sync")) {
+            o->weight_sync = true;
+        } else if (!strcmp(a, "--weight-sync-dtype")) {
+            if (!v || (strcmp(v, "f32") && strcmp(v, "bf16")))
+                return fprintf(stderr, "tandem: --weight-sync-dtype must be f32 or bf16\n"), -1;
+            o->ws_dtype = !strcmp(TAKE(), "bf16") ? TD_BF16 : TD_F32;
+        } else if (!strcmp(a, "--weight-sync-max-bucket-mb")) {
+            if (!td_arg_int(a, TAKE(), 1, 1 << 16, &o->ws_bucket_mb)) return -1;
+        } else if (!strcmp(a, "--weight-sync-timeout")) {
+            if (!td_arg_int(a, TAKE(), 1, 86400, &o->ws_timeout_s)) return -1;
         } else if (a[0] == '-') {
             fprintf(stderr, "tandem serve: unknown option '%s' (see tandem serve --help)\n", a);
             return -1;
@@ -136,6 +167,24 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     if (o->max_batched && o->max_seqs && o->max_batched < o->max_seqs)
         return fprintf(stderr, "tandem serve: --max-batched-tokens must be >= --max-seqs\n"), -1;
     return 1;
+}
+
+// Weight sync's view of the engine (server/wsync.h): SET_WEIGHTS and a fence, with deadlines.
+static td_status ws_apply(void *ctx, td_export_get_fn get, void *get_ctx, int timeout_ms, uint64_t *version,
+                          td_err *err) {
+    td_eng_cmd c = {.type = TD_ENG_CMD_SET_WEIGHTS};
+    c.set_weights.get = get;
+    c.set_weights.ctx = get_ctx;
+    td_status st = td_eng_command(ctx, &c, timeout_ms, err);
+    if (st == TD_OK) *version = c.set_weights.version;
+    return st;
+}
+
+static td_status ws_fence(void *ctx, int timeout_ms, uint64_t *version, td_err *err) {
+    td_eng_cmd c = {.type = TD_ENG_CMD_REPORT_STATE};
+    td_status st = td_eng_command(ctx, &c, timeout_ms, err);
+    if (st == TD_OK) *version = c.state.weights_version;
+    return st;
 }
 
 int td_cmd_serve(int argc, char **argv) {
@@ -167,6 +216,7 @@ int td_cmd_serve(int argc, char **argv) {
     td_tokenizer *tok = NULL;
     td_eng *eng = NULL;
     td_server *srv = NULL;
+    td_wsync *ws = NULL;
     char *tmpl = NULL;
 
     double t0 = td_now();
@@ -198,14 +248,29 @@ int td_cmd_serve(int argc, char **argv) {
     ep.n_threads = (int)o.threads;
     ep.backend = o.backend;
     ep.chat_template = tmpl;
+    ep.updatable_weights = o.weight_sync;
     if (td_eng_create(m, tok, &ep, &eng, &err) != TD_OK) {
         fprintf(stderr, "tandem serve: %s\n", err.msg);
         goto done;
+    }
+    if (o.weight_sync) {
+        td_wsync_params wp = td_wsync_default_params();
+        wp.cfg = &m->cfg;
+        wp.dtype = o.ws_dtype;
+        wp.max_bucket_bytes = (size_t)o.ws_bucket_mb << 20;
+        wp.session_timeout_s = (int)o.ws_timeout_s;
+        wp.engine = (td_wsync_engine){.ctx = eng, .apply = ws_apply, .fence = ws_fence};
+        if (td_wsync_create(&wp, &ws, &err) != TD_OK) {
+            fprintf(stderr, "tandem serve: %s\n", err.msg);
+            goto done;
+        }
     }
     td_server_params sp = td_server_default_params();
     sp.host = o.host;
     sp.port = (int)o.port;
     sp.limits.default_logprobs_processed = o.logprobs_processed;
+    sp.api_key = o.api_key && *o.api_key ? o.api_key : NULL;
+    sp.weight_sync = ws;
     srv = td_server_start(&sp, td_eng_iface(eng), &err);
     if (!srv) {
         fprintf(stderr, "tandem serve: %s\n", err.msg);
@@ -227,6 +292,7 @@ int td_cmd_serve(int argc, char **argv) {
 
 done:
     if (srv) td_server_stop(srv, 0);
+    td_wsync_free(ws);  // after the server (which joins a commit in flight), before the engine
     td_eng_free(eng);
     free(tmpl);
     td_tokenizer_free(tok);

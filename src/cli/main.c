@@ -10,6 +10,7 @@
 #include "cli/cmd_eval.h"
 #include "cli/cmd_export.h"
 #include "cli/cmd_train_data.h"
+#include "cli/cmd_weights.h"
 
 #define TANDEM_VERSION "0.1.0"
 
@@ -28,6 +29,7 @@ static void usage(FILE *f) {
             "  quantize IN OUT TYPE  convert a GGUF file to another type\n"
             "  train            train a Llama-family model (docs/training.md)\n"
             "  export CKPT      a training checkpoint to an HF directory or GGUF (--to hf|gguf -o OUT)\n"
+            "  weights push|get URL  push a checkpoint or model into a running server / read its version\n"
             "  tokenizer train  learn a byte-level BPE tokenizer from text files\n"
             "  data prepare     tokenize a corpus into training shards\n"
             "  bench pp|tg|batched|ceilings  llama-bench-style speed (docs/bench.md)\n"
@@ -51,6 +53,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "detokenize")) return td_cmd_detokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "train")) return td_cmd_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "export")) return td_cmd_export(argc - 1, argv + 1);
+    if (!strcmp(cmd, "weights")) return td_cmd_weights(argc - 1, argv + 1);
     if (!strcmp(cmd, "convert")) return td_cmd_convert(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return td_cmd_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenizer")) {

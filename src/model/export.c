@@ -130,6 +130,21 @@ static int list_tensors(const td_model_config *c, int for_gguf, tinfo *out) {
 
 static int64_t tinfo_nelem(const tinfo *t) { return t->ndim == 2 ? t->ne[0] * t->ne[1] : t->ne[0]; }
 
+int td_export_tensor_list(const td_model_config *cfg, td_export_tensor *out, int cap) {
+    tinfo *ts = calloc((size_t)n_tensors_max(cfg), sizeof *ts);
+    if (!ts) return 0;
+    int n = list_tensors(cfg, 0, ts);
+    for (int i = 0; i < n && i < cap; i++) {
+        td_export_tensor *o = &out[i];
+        memcpy(o->name, ts[i].hf, sizeof o->name);
+        o->ndim = ts[i].ndim;
+        o->shape[0] = ts[i].ne[0];
+        o->shape[1] = ts[i].ndim == 2 ? ts[i].ne[1] : 0;
+    }
+    free(ts);
+    return n;
+}
+
 // Row map of llama.cpp's permute(w, n_head) = w.reshape(n_head, 2, hd/2, ...).swapaxes(1, 2):
 // output row h*hd + 2i + j holds input row h*hd + j*hd/2 + i. inverse: the other direction.
 static int64_t perm_src_row(int64_t r, int64_t rows, int n_head, int inverse) {

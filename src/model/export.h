@@ -55,6 +55,19 @@ td_status td_export_arrays_get(void *ctx, const char *hf_name, float *dst, int64
 // td_to_f32 row by row; GGUF llama Q/K rows are un-permuted back to HF's layout.
 td_status td_export_model_get(void *ctx, const char *hf_name, float *dst, int64_t n, td_err *err);
 
+// The tensors a model of config cfg has, by HF name, in llama.cpp's order (the order the exporters
+// fetch them in): what a td_export_get_fn must provide. shape is outermost first (a matrix is
+// [rows, cols], row-major; a vector [n], shape[1] = 0).
+typedef struct td_export_tensor {
+    char name[128];    // HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
+    int ndim;          // 1 or 2
+    int64_t shape[2];  // elements
+} td_export_tensor;
+// Writes min(count, cap) entries into out (may be NULL with cap 0) and returns the count
+// (size-first; 0 when out of memory). cfg is not validated: a config td_config_validate refuses
+// gives a list of no use.
+int td_export_tensor_list(const td_model_config *cfg, td_export_tensor *out, int cap);
+
 // Builds the tokenizer.ggml.* / tokenizer.chat_template metadata from a tokenizer.json (path as in
 // td_export_params.tokenizer) into a GGUF writer; vocab_size pads the token list with [PADi]
 // tokens as llama.cpp's converter does. bos/eos fall back to cfg when tokenizer_config.json lacks

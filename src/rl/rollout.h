@@ -58,7 +58,8 @@ typedef struct td_rl_engine_vt {
     // finish TD_FINISH_ABORT on the samples cut short, or an error).
     void (*cancel)(void *ctx, td_rl_req *r);
     // Replaces the engine's weights from a named-tensor source (HF names, f32 values) of model
-    // config cfg, between engine steps; *version: the engine's weights version after it. Requests
+    // config cfg, between engine steps; *version: the engine's weights version after it (remote:
+    // the pool's sync number, the same numbers td_rl_req.ver carries; rl/remote.h). Requests
     // in flight continue on the new weights (their later tokens carry the new version).
     td_status (*sync)(void *ctx, const td_model_config *cfg, td_export_get_fn get, void *gctx, uint64_t *version,
                       double *seconds, td_err *err);

@@ -113,6 +113,8 @@ static void escape_label(const char *s, char *out, size_t cap) {
     out[o] = 0;
 }
 
+void td_srv_metrics_label(const char *s, char *out, size_t cap) { escape_label(s ? s : "", out, cap); }
+
 static bool render_hist(td_srv_buf *b, const char *name, const char *help, const hist *h, const char *lab) {
     bool ok = td_srv_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;

@@ -21,6 +21,9 @@ void td_srv_metrics_request(td_srv_metrics *m, int prompt_tokens, int generation
 void td_srv_metrics_finish(td_srv_metrics *m, td_finish_reason reason);
 void td_srv_metrics_http(td_srv_metrics *m, int status);  // one response sent with this status
 
+// A label value escaped for the text format (backslash, double quote, newline) into out[cap].
+void td_srv_metrics_label(const char *s, char *out, size_t cap);
+
 // Renders all metrics with label model_name="<model>" (escaped) and gauges from *stats.
 bool td_srv_metrics_render(td_srv_metrics *m, const char *model, const td_engine_stats *stats, td_srv_buf *out);
 

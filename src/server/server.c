@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include "base/log.h"
 #include "server/metrics.h"
+#include "server/wsync.h"
 
 td_server_params td_server_default_params(void) {
     return (td_server_params){.host = "127.0.0.1", .port = 0, .max_connections = 1024,
@@ -37,10 +38,14 @@ int td_server_stop(td_server *s, int grace_ms) { return 0; }
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <strings.h>
 
 #define RESERVE_CONNECTIONS 16  // beyond max_connections: answered with 503, then closed
 
-typedef enum { R_NONE, R_HEALTH, R_MODELS, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_COMPLETIONS, R_CHAT } route;
+typedef enum {
+    R_NONE, R_HEALTH, R_MODELS, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_COMPLETIONS, R_CHAT,
+    R_W_INFO, R_W_TENSORS, R_W_BEGIN, R_W_BUCKET, R_W_COMMIT, R_W_ABORT,  // weight sync
+} route;
 
 typedef enum { EV_TOKEN = 1, EV_FINISH, EV_DONE } ev_kind;
 
@@ -121,6 +126,11 @@ typedef struct srv_req {
     bool failed;
     td_status fail_status;
     char fail_msg[256];
+    td_wsync_bucket *wb;   // R_W_BUCKET: the upload being written into staging
+    bool commit_started;   // R_W_COMMIT: the commit thread runs for this request
+    bool commit_done;      // under mu: its answer is in commit_answer / commit_err
+    cJSON *commit_answer;
+    td_api_error commit_err;
     int usage_prompt, usage_completion, usage_cached;
     double t_arrival, t_first;
     int64_t created;
@@ -143,6 +153,9 @@ struct td_server {
     atomic_bool closing;  // final phase of stop: never suspend again
     bool zombie;          // stopped, but requests remain (under mu): the last req_free frees s
     atomic_uint_fast64_t next_id;
+    pthread_t commit_thread;  // under mu: the weight-sync commit thread not yet joined
+    bool commit_thread_live;
+    bool commits_closed;      // stopping: no new commit thread
 };
 
 // ---- small helpers ---------------------------------------------------------------------------------
@@ -288,6 +301,8 @@ static void req_free(srv_req *r) {
         cJSON_Delete(r->subs[i].p_top);
         cJSON_Delete(r->subs[i].p_offsets);
     }
+    if (r->wb) td_wsync_bucket_cancel(r->wb);
+    cJSON_Delete(r->commit_answer);
     td_srv_buf_free(&r->body);
     td_srv_buf_free(&r->events);
     td_srv_buf_free(&r->work);
@@ -792,7 +807,10 @@ static route match_route(const char *url, const char *method, bool *method_ok) {
     } table[] = {{"/health", "GET", R_HEALTH},           {"/v1/models", "GET", R_MODELS},
                  {"/metrics", "GET", R_METRICS},         {"/tokenize", "POST", R_TOKENIZE},
                  {"/detokenize", "POST", R_DETOKENIZE},  {"/v1/completions", "POST", R_COMPLETIONS},
-                 {"/v1/chat/completions", "POST", R_CHAT}};
+                 {"/v1/chat/completions", "POST", R_CHAT},
+                 {"/v1/weights", "GET", R_W_INFO},       {"/v1/weights/tensors", "GET", R_W_TENSORS},
+                 {"/v1/weights/begin", "POST", R_W_BEGIN}, {"/v1/weights/bucket", "POST", R_W_BUCKET},
+                 {"/v1/weights/commit", "POST", R_W_COMMIT}, {"/v1/weights/abort", "POST", R_W_ABORT}};
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (strcmp(url, table[i].path) == 0) {
             *method_ok = strcmp(method, table[i].method) == 0 ||
@@ -862,6 +880,11 @@ static enum MHD_Result route_metrics(srv_req *r, struct MHD_Connection *c) {
     td_srv_buf b;
     td_srv_buf_init(&b, 0);
     bool ok = td_srv_metrics_render(s->metrics, s->info.model_name, &st, &b);
+    if (ok && s->p.weight_sync) {
+        char lab[512];
+        td_srv_metrics_label(s->info.model_name, lab, sizeof lab);
+        ok = td_wsync_metrics_render(s->p.weight_sync, lab, &b);
+    }
     enum MHD_Result ret = ok ? send_body(r, c, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len)
                              : send_err(r, c, 500, NULL, "out of memory");
     td_srv_buf_free(&b);
@@ -952,6 +975,155 @@ static enum MHD_Result route_detokenize(srv_req *r, struct MHD_Connection *c) {
     cJSON_AddStringToObject(o, "prompt", clean);
     return send_json(r, c, 200, o);
 }
+
+// ---- weight sync (server/wsync.h; docs/server.md "Weight sync") --------------------------------
+
+static const char *query_arg(struct MHD_Connection *c, const char *key) {
+    return MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, key);
+}
+
+static enum MHD_Result send_json_or_error(srv_req *r, struct MHD_Connection *c, cJSON *j, const td_api_error *e) {
+    if (j) return send_json(r, c, 200, j);
+    return send_error(r, c, e);
+}
+
+// The commit thread: applies the staged weights through the engine (may take seconds), then wakes
+// the request's connection, which answers from commit_answer / commit_err.
+static void *commit_main(void *arg) {
+    srv_req *r = arg;
+    td_server *s = r->srv;
+    td_api_error e = {0};
+    cJSON *a = td_wsync_commit_run(s->p.weight_sync, &e);
+    pthread_mutex_lock(&r->mu);
+    r->commit_answer = a;
+    r->commit_err = e;
+    r->commit_done = true;
+    if (r->suspended && !r->client_gone) {
+        r->suspended = false;
+        MHD_resume_connection(r->conn);
+    }
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&s->mu);
+    s->n_live--;
+    pthread_mutex_unlock(&s->mu);
+    req_unref(r);
+    return NULL;
+}
+
+// Answers a commit once its thread is done; otherwise (a spurious wake) suspends again.
+static enum MHD_Result commit_resume(srv_req *r, struct MHD_Connection *c) {
+    pthread_mutex_lock(&r->mu);
+    bool done = r->commit_done;
+    cJSON *a = r->commit_answer;
+    td_api_error e = r->commit_err;
+    if (done) r->commit_answer = NULL;
+    else {
+        r->suspended = true;
+        MHD_suspend_connection(c);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!done) return MHD_YES;
+    return send_json_or_error(r, c, a, &e);
+}
+
+static enum MHD_Result route_commit(srv_req *r, struct MHD_Connection *c) {
+    td_server *s = r->srv;
+    pthread_mutex_lock(&s->mu);  // a finished commit thread from an earlier session: join it
+    bool had = s->commit_thread_live;
+    pthread_t old = s->commit_thread;
+    s->commit_thread_live = false;
+    pthread_mutex_unlock(&s->mu);
+    if (had) pthread_join(old, NULL);
+    td_api_error e = {0};
+    pthread_mutex_lock(&s->mu);
+    if (s->commits_closed) {
+        pthread_mutex_unlock(&s->mu);
+        return send_err(r, c, 503, NULL, "the server is shutting down");
+    }
+    if (!td_wsync_commit_begin(s->p.weight_sync, query_arg(c, "session"), &e)) {
+        pthread_mutex_unlock(&s->mu);
+        return send_error(r, c, &e);
+    }
+    r->commit_started = true;
+    pthread_mutex_lock(&r->mu);
+    r->refs++;
+    pthread_mutex_unlock(&r->mu);
+    s->n_live++;
+    s->commit_thread_live = pthread_create(&s->commit_thread, NULL, commit_main, r) == 0;
+    bool inline_run = !s->commit_thread_live;
+    pthread_mutex_unlock(&s->mu);
+    if (inline_run) commit_main(r);  // no thread to be had: apply on this one (blocks HTTP meanwhile)
+    return commit_resume(r, c);
+}
+
+// First call of a bucket upload: open it (errors answered before the body is read).
+static enum MHD_Result bucket_open(srv_req *r, struct MHD_Connection *c) {
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    long long len = cl ? strtoll(cl, NULL, 10) : -1;
+    td_api_error e = {0};
+    r->wb = td_wsync_bucket_open(r->srv->p.weight_sync, query_arg(c, "session"), query_arg(c, "index"),
+                                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Tandem-Checksum"), len, &e);
+    if (!r->wb) return send_error(r, c, &e);
+    return MHD_YES;
+}
+
+static enum MHD_Result route_weights(srv_req *r, struct MHD_Connection *c) {
+    td_wsync *ws = r->srv->p.weight_sync;
+    td_api_error e = {0};
+    switch (r->rt) {
+    case R_W_INFO: return send_json_or_error(r, c, td_wsync_info_json(ws), &e);
+    case R_W_TENSORS: return send_json_or_error(r, c, td_wsync_tensors_json(ws), &e);
+    case R_W_BEGIN: {
+        cJSON *j = td_wsync_begin(ws, r->body.p, r->body.len, &e);
+        return send_json_or_error(r, c, j, &e);
+    }
+    case R_W_BUCKET: {
+        cJSON *j = td_wsync_bucket_close(r->wb, &e);
+        r->wb = NULL;
+        return send_json_or_error(r, c, j, &e);
+    }
+    case R_W_COMMIT: return route_commit(r, c);
+    case R_W_ABORT: return send_json_or_error(r, c, td_wsync_abort(ws, query_arg(c, "session"), &e), &e);
+    default: return send_err(r, c, 404, NULL, "Not Found");
+    }
+}
+
+// ---- auth ---------------------------------------------------------------------------------------
+
+// "Authorization: Bearer <key>" against the configured key, in time independent of where they differ.
+static bool auth_ok(const td_server *s, struct MHD_Connection *c) {
+    const char *key = s->p.api_key;
+    if (!key || !*key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+    const char *got = h + 7;
+    while (*got == ' ') got++;
+    size_t gl = strlen(got), kl = strlen(key);
+    unsigned char d = gl != kl;
+    for (size_t i = 0; i < kl; i++) d |= (unsigned char)key[i] ^ (unsigned char)(i < gl ? got[i] : 0);
+    return d == 0;
+}
+
+static enum MHD_Result send_unauthorized(srv_req *r, struct MHD_Connection *c, bool had_header) {
+    td_api_error e;
+    td_api_fail(&e, 401, NULL, "%s",
+                had_header ? "Incorrect API key provided (Authorization: Bearer <key>, as set by --api-key)"
+                           : "Missing API key: send the header Authorization: Bearer <key> (--api-key)");
+    e.type = "AuthenticationError";
+    char *body = td_api_error_json(&e);
+    if (!body) return MHD_NO;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!resp) return free(body), MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    enum MHD_Result ret = MHD_queue_response(c, 401, resp);
+    MHD_destroy_response(resp);
+    r->response_queued = true;
+    td_srv_metrics_http(r->srv->metrics, 401);
+    return ret;
+}
+
+static bool is_weight_route(route rt) { return rt >= R_W_INFO && rt <= R_W_ABORT; }
 
 static enum MHD_Result generate_resume(srv_req *r, struct MHD_Connection *c);
 
@@ -1142,11 +1314,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!r->arena) return MHD_NO;
         bool method_ok;
         r->rt = match_route(url, method, &method_ok);
+        if (r->rt != R_HEALTH && !auth_ok(s, c))
+            return send_unauthorized(r, c, MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                                       MHD_HTTP_HEADER_AUTHORIZATION) != NULL);
         if (r->rt == R_NONE) return send_err(r, c, 404, NULL, "Not Found");
+        if (is_weight_route(r->rt) && !s->p.weight_sync)
+            return send_err(r, c, 404, NULL,
+                            "weight sync is disabled on this server: start tandem serve with --enable-weight-sync");
         if (!method_ok) return send_err(r, c, 405, NULL, "Method Not Allowed");
         if (atomic_load(&s->stopping)) return send_err(r, c, 503, NULL, "the server is shutting down");
         if (atomic_load(&s->open_conns) > s->p.max_connections)
             return send_err(r, c, 503, NULL, "too many connections; retry later");
+        if (r->rt == R_W_BUCKET) return bucket_open(r, c);  // its own limit; the body goes to staging
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->p.max_body_bytes) {
             r->body_too_large = true;
@@ -1155,6 +1334,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (r->response_queued) {  // an early error was queued: swallow the rest of the body
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size && r->wb) {
+        td_wsync_bucket_write(r->wb, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
@@ -1169,6 +1353,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (r->body_too_large) return send_err(r, c, 413, NULL, "the request body is larger than the limit");
     if (r->n_subs) return generate_resume(r, c);  // woken up after submit
+    if (r->commit_started) return commit_resume(r, c);
+    if (is_weight_route(r->rt)) return route_weights(r, c);
     switch (r->rt) {
     case R_HEALTH: return send_body(r, c, 200, "application/json", "", 0);
     case R_MODELS: return route_models(r, c);
@@ -1197,6 +1383,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         r->prev = r->next = NULL;
     }
     pthread_mutex_unlock(&s->mu);
+    if (r->wb) {  // the upload did not finish: its session is aborted
+        td_wsync_bucket_cancel(r->wb);
+        r->wb = NULL;
+    }
     // Engine work still open (client gone, error, timeout): cancel it; on_done drops its references.
     for (int i = 0; i < r->n_subs; i++)
         if (r->subs[i].submitted && !r->subs[i].done) s->eng.vt->cancel(s->eng.ctx, r->subs[i].h);
@@ -1305,6 +1495,17 @@ int td_server_stop(td_server *s, int grace_ms) {
         pthread_mutex_unlock(&s->mu);
         if (live == 0 || td_now() >= end) break;
         sleep_ms(5);
+    }
+    // A weight-sync commit still applying (bounded by its own deadline): let it end and answer.
+    pthread_mutex_lock(&s->mu);
+    s->commits_closed = true;
+    bool had = s->commit_thread_live;
+    pthread_t ct = s->commit_thread;
+    s->commit_thread_live = false;
+    pthread_mutex_unlock(&s->mu);
+    if (had) {
+        pthread_join(ct, NULL);
+        sleep_ms(20);  // its connection was resumed: let MHD send the answer
     }
     // MHD refuses to stop with suspended connections: wake whatever still waits on the engine.
     atomic_store(&s->closing, true);

@@ -1,7 +1,8 @@
 // `tandem serve`'s HTTP server: OpenAI-compatible routes over libmicrohttpd (one internal epoll thread,
 // streaming through suspend/resume, so open streams cost no threads), talking to an engine only
-// through td_engine (engine/serve_api.h). Not the engine, not the signal handling (the serve command
-// catches SIGTERM and calls td_server_stop), not TLS or auth.
+// through td_engine (engine/serve_api.h); optionally a bearer API key on every route but /health,
+// and the weight-sync routes (/v1/weights/*) over a td_wsync (server/wsync.h). Not the engine,
+// not the signal handling (the serve command catches SIGTERM and calls td_server_stop), not TLS.
 #ifndef TD_SERVER_SERVER_H
 #define TD_SERVER_SERVER_H
 
@@ -20,6 +21,10 @@ typedef struct td_server_params {
     unsigned idle_timeout_s;    // idle connection timeout, seconds (default 600; 0 = none). Suspended
                                 //   connections (waiting on the engine) do not time out.
     td_api_limits limits;       // max_n etc.; max_model_len and vocab_size are taken from the engine
+    const char *api_key;        // non-empty: every route but /health needs "Authorization: Bearer
+                                //   <api_key>" (compared in constant time), else 401. Borrowed.
+    struct td_wsync *weight_sync;  // the /v1/weights routes' state (borrowed: free it after
+                                   //   td_server_stop); NULL: those routes answer 404 "disabled"
 } td_server_params;
 
 td_server_params td_server_default_params(void);
@@ -34,6 +39,7 @@ int td_server_port(const td_server *s);
 
 // Stops accepting new connections, lets in-flight requests finish for up to grace_ms, cancels the rest
 // through the engine and waits (bounded) for their last events, then stops MHD and frees the server.
+// A weight-sync commit in flight is waited for (bounded by the sync's own deadline) before MHD stops.
 // Returns the number of requests it had to cancel. Safe to call from any thread but the server's own.
 // If the engine still holds requests after the bounded waits, their memory (and the server's) is
 // freed when the engine's last on_done arrives; the engine must still deliver those on_done calls.

@@ -1,0 +1,176 @@
+// `tandem weights push URL CHECKPOINT_OR_MODEL` and `tandem weights get URL`: argument parsing
+// and source opening (a training checkpoint as `tandem export` reads it, or a model directory /
+// .gguf through td_model_load) over rl/push.h. Exit status 0 on success, 1 on a runtime error
+// (message on stderr), 2 on a usage error. Not here: the protocol (push.c, server/wsync.c).
+#include "cli/cmd_weights.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/file.h"
+#include "base/log.h"
+#include "cli/cli.h"
+#include "model/export.h"
+#include "model/model.h"
+#include "rl/push.h"
+#include "train/ckpt.h"
+#include "train/train_run.h"
+
+static void weights_usage(FILE *f) {
+    fprintf(f,
+            "usage: tandem weights push URL SOURCE [--api-key KEY] [--bucket-mb N] [--timeout S]\n"
+            "       tandem weights get URL [--api-key KEY] [--timeout S]\n"
+            "  push: sends every weight of SOURCE to a server started with --enable-weight-sync, which\n"
+            "        applies them between two engine steps (docs/server.md, \"Weight sync\")\n"
+            "  get:  prints the server's weights version, checksum and dtype as JSON\n"
+            "  URL                 the server, e.g. http://127.0.0.1:8000\n"
+            "  SOURCE              a training checkpoint (ckpt-<step>.tdck, a sharded checkpoint\n"
+            "                      directory, or a checkpoint directory: its newest valid one), or a\n"
+            "                      model directory (config.json + safetensors) or .gguf file; its\n"
+            "                      config must be the served model's\n"
+            "  --api-key KEY       the server's --api-key (default $TANDEM_API_KEY)\n"
+            "  --bucket-mb N       tensor data per request, MiB (default 64)\n"
+            "  --timeout S         limit of every request, seconds (default 60)\n");
+}
+
+// A source of weights: a checkpoint or a loaded model.
+typedef struct source {
+    td_ckpt *ck;
+    td_model *m;
+    td_model_config cfg;
+} source;
+
+static int open_source(const char *path, source *s) {
+    memset(s, 0, sizeof *s);
+    td_err err = {0};
+    char probe[4200];
+    td_status st;
+    snprintf(probe, sizeof probe, "%s/config.json", path);
+    bool model_dir = td_is_dir(path) && td_file_exists(probe);
+    size_t n = strlen(path);
+    bool gguf = n > 5 && !strcmp(path + n - 5, ".gguf");
+    if (model_dir || gguf) {
+        if ((st = td_model_load(path, &s->m, &err))) return fprintf(stderr, "tandem weights: %s\n", err.msg), 1;
+        s->cfg = s->m->cfg;
+        return 0;
+    }
+    snprintf(probe, sizeof probe, "%s/manifest.json", path);
+    int64_t step = -1;
+    if (td_is_dir(path) && td_file_exists(probe)) st = td_ckpt_open(path, &s->ck, &err);
+    else if (td_is_dir(path)) st = td_ckpt_dir_load_latest(path, &s->ck, &step, &err);
+    else if (td_file_exists(path)) st = td_ckpt_open(path, &s->ck, &err);
+    else return fprintf(stderr, "tandem weights: %s: no such file or directory\n", path), 1;
+    if (st) return fprintf(stderr, "tandem weights: %s\n", err.msg), 1;
+    if (step >= 0) fprintf(stderr, "tandem weights: %s: newest valid checkpoint is step %lld\n", path, (long long)step);
+    if ((st = td_train_ckpt_config(s->ck, &s->cfg, &err))) {
+        fprintf(stderr, "tandem weights: %s: %s\n", path, err.msg);
+        td_ckpt_close(s->ck);
+        return 1;
+    }
+    return 0;
+}
+
+static void close_source(source *s) {
+    td_ckpt_close(s->ck);
+    td_model_free(s->m);
+}
+
+int td_cmd_weights(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        weights_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *sub = argv[1];
+    bool push = !strcmp(sub, "push");
+    if (!push && strcmp(sub, "get")) {
+        fprintf(stderr, "tandem weights: unknown subcommand '%s' (push or get)\n", sub);
+        return 2;
+    }
+    const char *pos[2] = {NULL, NULL};
+    int npos = 0;
+    td_pusher_params pp = td_pusher_default_params();
+    pp.api_key = getenv("TANDEM_API_KEY");
+    long mb = 64, timeout_s = 60;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            weights_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--api-key")) {
+            if (!v) return fprintf(stderr, "tandem weights: --api-key needs a value\n"), 2;
+            pp.api_key = v;
+            i++;
+        } else if (!strcmp(a, "--bucket-mb")) {
+            if (!td_arg_int(a, v, 1, 1 << 16, &mb)) return 2;
+            i++;
+        } else if (!strcmp(a, "--timeout")) {
+            if (!td_arg_int(a, v, 1, 86400, &timeout_s)) return 2;
+            i++;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "tandem weights: unknown option %s\n", a);
+            return 2;
+        } else if (npos < (push ? 2 : 1)) {
+            pos[npos++] = a;
+        } else {
+            fprintf(stderr, "tandem weights: unexpected argument %s\n", a);
+            return 2;
+        }
+    }
+    if (npos < (push ? 2 : 1)) {
+        fprintf(stderr, "tandem weights %s: %s\n", sub, npos == 0 ? "no server URL given" : "no SOURCE given");
+        weights_usage(stderr);
+        return 2;
+    }
+    pp.url = pos[0];
+    pp.bucket_bytes = (size_t)mb << 20;
+    pp.timeout_ms = (int)(timeout_s * 1000);
+    td_err err = {0};
+    td_pusher *p = NULL;
+    if (td_pusher_create(&pp, &p, &err)) {
+        fprintf(stderr, "tandem weights: %s\n", err.msg);
+        return 1;
+    }
+    int rc = 0;
+    if (!push) {
+        td_push_info in;
+        if (td_pusher_query(p, &in, &err)) {
+            fprintf(stderr, "tandem %s\n", err.msg);
+            rc = 1;
+        } else {
+            char ck[20] = "null";
+            if (in.has_checksum) snprintf(ck, sizeof ck, "\"%016llx\"", (unsigned long long)in.checksum);
+            printf("{\"version\": %llu, \"checksum\": %s, \"dtype\": \"%s\", \"tensors\": %d, \"bytes\": %llu, "
+                   "\"syncing\": %s}\n",
+                   (unsigned long long)in.version, ck, in.dtype == TD_BF16 ? "bf16" : "f32", in.n_tensors,
+                   (unsigned long long)in.bytes, in.syncing ? "true" : "false");
+        }
+        td_pusher_free(p);
+        return rc;
+    }
+    source src;
+    if (open_source(pos[1], &src)) {
+        td_pusher_free(p);
+        return 1;
+    }
+    td_push_result r;
+    td_status st = src.ck ? td_pusher_push(p, &src.cfg, td_train_ckpt_get, src.ck, &r, &err)
+                          : td_pusher_push(p, &src.cfg, td_export_model_get, src.m, &r, &err);
+    if (st) {
+        fprintf(stderr, "tandem %s\n", err.msg);
+        rc = 1;
+    } else {
+        fprintf(stderr,
+                "tandem weights push: version %llu, checksum %016llx: %.1f MB in %d buckets in %.3f s (packing %.3f s, "
+                "transfer %.3f s, commit %.3f s of which the engine update %.3f s)\n",
+                (unsigned long long)r.version, (unsigned long long)r.checksum, r.bytes / 1e6, r.n_buckets, r.seconds,
+                r.pack_seconds, r.transfer_seconds, r.commit_seconds, r.apply_seconds);
+        printf("{\"version\": %llu, \"checksum\": \"%016llx\", \"bytes\": %llu, \"buckets\": %d, \"seconds\": %.6f, "
+               "\"pack_seconds\": %.6f, \"transfer_seconds\": %.6f, \"commit_seconds\": %.6f, \"apply_seconds\": %.6f}\n",
+               (unsigned long long)r.version, (unsigned long long)r.checksum, (unsigned long long)r.bytes, r.n_buckets,
+               r.seconds, r.pack_seconds, r.transfer_seconds, r.commit_seconds, r.apply_seconds);
+    }
+    close_source(&src);
+    td_pusher_free(p);
+    return rc;
+}
