@@ -20,7 +20,8 @@ typedef struct td_rl_eval_params {
     float temperature;  // of the k samples (default 1.0)
     int max_tokens;     // per completion (default 16)
     uint64_t seed;      // sampling seed (per problem: seed + index)
-    int max_inflight;   // requests submitted at once (default 64)
+    int max_inflight;   // requests submitted at once (default 64); TD_ERR_LIMIT from a full
+                        //   engine queue just waits for one to finish
     int timeout_ms;     // the whole evaluation's deadline (default 600000)
 } td_rl_eval_params;
 
@@ -37,6 +38,17 @@ typedef struct td_rl_eval_result {
 
 // e's tokenizer must be tok (prompts are encoded with it, add_special as the engine's default
 // template would: BOS when the tokenizer adds one). The task's stop string ends completions.
+// Per problem i: a greedy request (n = 1, temperature 0) and, when k > 0, one request of n = k
+// choices (temperature, top_p 1, no penalties, seed p->seed + i: reproducible whatever else is in
+// flight); completions are the text generated before the stop string (an EOS adds none; a choice
+// cut by max_tokens is scored as is). All completions are scored after generation, in calls of at
+// most 2048 (an external scorer starts once per call) in the order: problem 0's greedy one, its k
+// samples, problem 1's greedy one, ... Solved: reward >= 1 (TD_RL_SOLVED).
+// Errors: TD_ERR_INVALID (bad params: k > TD_ENG_MAX_N, ...), the task's own (a problem it lacks,
+// a scorer failure, with its message), an engine failure or an aborted choice, TD_ERR_TIMEOUT when
+// timeout_ms passes (requests still in flight are cancelled and awaited, at most 30 s more; if the
+// engine never finishes one, its buffers are leaked rather than freed under it). *out is filled
+// only on TD_OK. Callable from any thread but the engine's own, while e lives.
 td_status td_rl_eval(td_eng *e, const td_tokenizer *tok, const td_rl_task *task, const td_rl_eval_params *p,
                      td_rl_eval_result *out, td_err *err);
 

@@ -15,6 +15,7 @@
 
 #define TD_RL_PROMPT_CAP 1024  // bytes of a problem's prompt text, NUL included
 #define TD_RL_ANSWER_CAP 256   // bytes of its reference answer, NUL included
+#define TD_RL_ADDITION_MAX_DIGITS 11  // operand digits at most: every sum fits the reward's 12
 
 typedef enum { TD_RL_SPLIT_TRAIN = 0, TD_RL_SPLIT_EVAL = 1 } td_rl_split;
 
@@ -46,16 +47,27 @@ typedef struct td_rl_task {
 
 typedef struct td_rl_task_params {
     const char *name;       // "addition" or "file"
-    uint64_t seed;          // problem generation
-    int min_digits, max_digits;  // addition: operand lengths (defaults 4 and 6)
-    const char *prompts;    // file: JSON lines {"prompt": ..., "answer": ...}; split by line
-                            //   number (every eval_every-th line is held out)
-    const char *scorer;     // file: command (sh -c) reading JSON lines {"prompt", "answer",
-                            //   "completion"} on stdin and writing one number per line
-    int scorer_timeout_ms;  // per scoring call (default 30000)
+    uint64_t seed;          // addition: problem generation (the split of a pair does not depend
+                            //   on it: no train problem of any seed is an eval problem of any seed)
+    int min_digits, max_digits;  // addition: operand lengths, uniform in [min, max] (defaults 4
+                                 //   and 6; 0 = default), no leading zeros, <= TD_RL_ADDITION_MAX_DIGITS
+    const char *prompts;    // file: JSON lines {"prompt": ..., "answer": ...} (strings; blank
+                            //   lines skipped); record r (1-based, in file order) is held out as
+                            //   eval when r % eval_every == 0. The train split repeats (index
+                            //   modulo its size); an eval index beyond it is TD_ERR_LIMIT.
+    int eval_every;         // file: default 10 (added field)
+    const char *scorer;     // file: command (sh -c, in its own process group) reading JSON lines
+                            //   {"prompt", "answer", "completion"} on stdin and writing one number
+                            //   in [0, 1] per line; it must exit 0. Dying, a wrong line count,
+                            //   garbage, NaN or out of range: an error naming the command and line.
+    int scorer_timeout_ms;  // file: per scoring call, start to exit (default 30000); past it the
+                            //   group is killed and reaped: TD_ERR_TIMEOUT
+    const char *stop;       // file: the stop string (default "\n"; added field)
 } td_rl_task_params;
 
 td_rl_task_params td_rl_task_default_params(void);
+// Errors: TD_ERR_INVALID (bad params, unknown name), TD_ERR_IO (prompts file unreadable),
+// TD_ERR_FORMAT / TD_ERR_LIMIT (a malformed record: "FILE:LINE: ..."). On failure *out is zeroed.
 td_status td_rl_task_create(const td_rl_task_params *p, td_rl_task *out, td_err *err);
 void td_rl_task_free(td_rl_task *t);  // NULL or zeroed is fine
 
