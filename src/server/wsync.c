@@ -760,6 +760,22 @@ static td_status staged_get(void *ctx, const char *name, float *dst, int64_t n, 
     return TD_OK;
 }
 
+// Its typed form: the staged bytes as they are when the engine stores the wire dtype (a memcpy).
+static td_status staged_get_typed(void *ctx, const char *name, td_dtype type, void *dst, int64_t n, td_err *err) {
+    td_wsync *ws = ctx;
+    if (type != ws->p.dtype && type != TD_F32) return TD_ERR_UNSUPPORTED;
+    if (type == TD_F32) return staged_get(ctx, name, dst, n, err);
+    int i = find_tensor(ws, name, ws->get_hint);
+    if (i < 0) return td_err_set(err, TD_ERR_NOT_FOUND, "weight sync: the engine asked for %s, not staged", name);
+    ws->get_hint = i + 1;
+    const wt *t = &ws->t[i];
+    if (n != t->nelem)
+        return td_err_set(err, TD_ERR_INVALID, "weight sync: %s has %lld values staged, the engine needs %lld", name,
+                          (long long)t->nelem, (long long)n);
+    memcpy(dst, ws->staging + t->off, t->bytes);
+    return TD_OK;
+}
+
 cJSON *td_wsync_commit_run(td_wsync *ws, td_api_error *e) {
     const int timeout_ms = ws->p.session_timeout_s * 1000;
     double t0 = td_now();
@@ -776,7 +792,7 @@ cJSON *td_wsync_commit_run(td_wsync *ws, td_api_error *e) {
         }
     }
     ws->get_hint = 0;
-    if (!st) st = ws->p.engine.apply(ws->p.engine.ctx, staged_get, ws, timeout_ms, &version, &err);
+    if (!st) st = ws->p.engine.apply(ws->p.engine.ctx, staged_get, staged_get_typed, ws, timeout_ms, &version, &err);
     double t1 = td_now();
     pthread_mutex_lock(&ws->mu);
     cJSON *j = NULL;
