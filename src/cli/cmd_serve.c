@@ -170,10 +170,11 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
 }
 
 // Weight sync's view of the engine (server/wsync.h): SET_WEIGHTS and a fence, with deadlines.
-static td_status ws_apply(void *ctx, td_export_get_fn get, void *get_ctx, int timeout_ms, uint64_t *version,
-                          td_err *err) {
+static td_status ws_apply(void *ctx, td_export_get_fn get, td_export_get_typed_fn typed, void *get_ctx,
+                          int timeout_ms, uint64_t *version, td_err *err) {
     td_eng_cmd c = {.type = TD_ENG_CMD_SET_WEIGHTS};
     c.set_weights.get = get;
+    c.set_weights.get_typed = typed;
     c.set_weights.ctx = get_ctx;
     td_status st = td_eng_command(ctx, &c, timeout_ms, err);
     if (st == TD_OK) *version = c.set_weights.version;

@@ -987,7 +987,8 @@ static td_status cmd_set_weights(td_eng *e, td_eng_cmd *c, td_err *err) {
                           "engine: SET_WEIGHTS needs an engine created with updatable_weights (td_eng_params): this "
                           "one reads the model's weights in place; nothing changed");
     td_err ferr = {0};
-    td_status st = td_forward_set_weights(e->fwd, c->set_weights.get, c->set_weights.ctx, &ferr);
+    td_status st = td_forward_set_weights_typed(e->fwd, c->set_weights.get, c->set_weights.get_typed,
+                                                  c->set_weights.ctx, &ferr);
     if (st == TD_OK) {
         // The new weights are complete: nothing computed by the old ones is read again (running
         // sequences recompute, the prefix cache restarts under the new version), and imports

@@ -146,6 +146,8 @@ typedef struct td_eng_cmd {
             td_export_get_fn get;
             void *ctx;
             uint64_t version;  // out: the engine's weights version after the command
+            td_export_get_typed_fn get_typed;  // in, optional: the source's typed form
+                                               //   (td_forward_set_weights_typed), same ctx
         } set_weights;
         struct {  // TD_ENG_CMD_IMPORT_BEGIN
             // in: the prefix whose KV will be imported; only its full blocks are, n_tokens /

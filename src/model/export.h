@@ -19,6 +19,12 @@
 // Fills dst with the n f32 values of tensor `hf_name` (HF name and layout, row-major, n = the
 // product of its shape). Called once per tensor, in order; returning an error aborts the export.
 typedef td_status (*td_export_get_fn)(void *ctx, const char *hf_name, float *dst, int64_t n, td_err *err);
+// An optional second form of a source, for consumers that store the values in another element
+// type: fills dst with the n values of `hf_name` (HF layout) already in `type` (F32, F16 or BF16:
+// n * 4 or n * 2 bytes), or returns TD_ERR_UNSUPPORTED when it cannot give that type directly (the
+// consumer then asks the td_export_get_fn). Saves the f32 round trip when the types agree.
+typedef td_status (*td_export_get_typed_fn)(void *ctx, const char *hf_name, td_dtype type, void *dst, int64_t n,
+                                            td_err *err);
 
 typedef struct td_export_params {
     td_dtype type;       // HF: F32/F16/BF16. GGUF: also Q8_0/Q4_0/Q5_0/Q4_K/Q6_K or TD_EXPORT_Q4_K_M

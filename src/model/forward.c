@@ -756,6 +756,11 @@ static const float *fetch_slot(td_forward *f, const wslot *w, int64_t n, td_expo
 }
 
 td_status td_forward_set_weights(td_forward *f, td_export_get_fn get, void *ctx, td_err *err) {
+    return td_forward_set_weights_typed(f, get, NULL, ctx, err);
+}
+
+td_status td_forward_set_weights_typed(td_forward *f, td_export_get_fn get, td_export_get_typed_fn typed, void *ctx,
+                                       td_err *err) {
     if (!f || !get) return td_err_set(err, TD_ERR_INVALID, "forward: no forward or tensor source");
     if (!f->owned)
         return td_err_set(err, TD_ERR_UNSUPPORTED,
@@ -769,6 +774,19 @@ td_status td_forward_set_weights(td_forward *f, td_export_get_fn get, void *ctx,
         const wslot *w = &f->ws[i];
         const int64_t n = td_tensor_nelem(w->src);
         td_status st;
+        const td_dtype vt = w->view->type;
+        const bool direct = vt == TD_F32 || vt == TD_F16 || vt == TD_BF16;
+        if (typed && direct && !w->perm_heads && td_buffer_is_host(w->view->buf)) {
+            st = typed(ctx, w->name, vt, (void *)w->view->data, n, err);
+            if (st == TD_OK) {
+                if (w->view->packed) td_backend_repack(be, w->view);
+                continue;
+            }
+            if (st != TD_ERR_UNSUPPORTED) {
+                TD_LOGW("forward: weight update failed at %s: %s", w->name, err ? err->msg : "");
+                return st;
+            }
+        }
         const float *vals = fetch_slot(f, w, n, get, ctx, &st, err);
         if (!vals) {
             TD_LOGW("forward: weight update failed at %s: %s", w->name, err ? err->msg : "");

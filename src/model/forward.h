@@ -103,6 +103,13 @@ const td_model_config *td_forward_config(const td_forward *f);
 // until a later td_forward_set_weights succeeds, so a mix is never computed. Not thread-safe
 // (the forward's one caller, between runs).
 td_status td_forward_set_weights(td_forward *f, td_export_get_fn get, void *ctx, td_err *err);
+// The same with a typed fast path (typed may be NULL): a weight placed in host memory, not row
+// permuted, in F32/F16/BF16, is first asked of typed(ctx, name, its placed type, its placed bytes,
+// n), written in place (packed copies then redone); TD_ERR_UNSUPPORTED from typed falls back to
+// get. Values written by typed are not checked for finiteness: such a source vouches for them
+// (weight sync checks them on arrival). Any other typed error fails as get's would.
+td_status td_forward_set_weights_typed(td_forward *f, td_export_get_fn get, td_export_get_typed_fn typed, void *ctx,
+                                       td_err *err);
 // The backend the forward runs on (borrowed or its own; valid while f lives).
 struct td_backend *td_forward_backend(td_forward *f);
 

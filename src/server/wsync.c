@@ -642,16 +642,25 @@ static void bucket_free(td_wsync_bucket *b) {
     free(b);
 }
 
-// Index of the first non-finite value of n wire elements, or -1.
+// Index of the first non-finite value of n wire elements, or -1. Blocks of 4096 are OR-reduced
+// without an early exit, so the compiler vectorizes them; only a bad block is searched.
 static int64_t first_nonfinite(const uint8_t *p, int64_t n, size_t elsize) {
-    if (elsize == 2) {
-        const uint16_t *h = (const uint16_t *)p;
-        for (int64_t i = 0; i < n; i++)
-            if ((h[i] & 0x7f80) == 0x7f80) return i;
-    } else {
-        const uint32_t *w = (const uint32_t *)p;
-        for (int64_t i = 0; i < n; i++)
-            if ((w[i] & 0x7f800000u) == 0x7f800000u) return i;
+    enum { BLK = 4096 };
+    for (int64_t b = 0; b < n; b += BLK) {
+        const int64_t e = b + BLK < n ? b + BLK : n;
+        unsigned bad = 0;
+        if (elsize == 2) {
+            const uint16_t *h = (const uint16_t *)p;
+            for (int64_t i = b; i < e; i++) bad |= (h[i] & 0x7f80u) == 0x7f80u;
+        } else {
+            const uint32_t *w = (const uint32_t *)p;
+            for (int64_t i = b; i < e; i++) bad |= (w[i] & 0x7f800000u) == 0x7f800000u;
+        }
+        if (!bad) continue;
+        for (int64_t i = b; i < e; i++) {
+            uint32_t v = elsize == 2 ? (uint32_t)((const uint16_t *)p)[i] << 16 : ((const uint32_t *)p)[i];
+            if ((v & 0x7f800000u) == 0x7f800000u) return i;
+        }
     }
     return -1;
 }
@@ -760,6 +769,22 @@ static td_status staged_get(void *ctx, const char *name, float *dst, int64_t n, 
     return TD_OK;
 }
 
+// Its typed form: the staged bytes as they are when the engine stores the wire dtype (a memcpy).
+static td_status staged_get_typed(void *ctx, const char *name, td_dtype type, void *dst, int64_t n, td_err *err) {
+    td_wsync *ws = ctx;
+    if (type != ws->p.dtype && type != TD_F32) return TD_ERR_UNSUPPORTED;
+    if (type == TD_F32) return staged_get(ctx, name, dst, n, err);
+    int i = find_tensor(ws, name, ws->get_hint);
+    if (i < 0) return td_err_set(err, TD_ERR_NOT_FOUND, "weight sync: the engine asked for %s, not staged", name);
+    ws->get_hint = i + 1;
+    const wt *t = &ws->t[i];
+    if (n != t->nelem)
+        return td_err_set(err, TD_ERR_INVALID, "weight sync: %s has %lld values staged, the engine needs %lld", name,
+                          (long long)t->nelem, (long long)n);
+    memcpy(dst, ws->staging + t->off, t->bytes);
+    return TD_OK;
+}
+
 cJSON *td_wsync_commit_run(td_wsync *ws, td_api_error *e) {
     const int timeout_ms = ws->p.session_timeout_s * 1000;
     double t0 = td_now();
@@ -776,7 +801,7 @@ cJSON *td_wsync_commit_run(td_wsync *ws, td_api_error *e) {
         }
     }
     ws->get_hint = 0;
-    if (!st) st = ws->p.engine.apply(ws->p.engine.ctx, staged_get, ws, timeout_ms, &version, &err);
+    if (!st) st = ws->p.engine.apply(ws->p.engine.ctx, staged_get, staged_get_typed, ws, timeout_ms, &version, &err);
     double t1 = td_now();
     pthread_mutex_lock(&ws->mu);
     cJSON *j = NULL;

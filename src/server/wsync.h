@@ -46,8 +46,9 @@ typedef struct td_wsync_engine {
     // Replaces every weight, between two engine steps, from get/get_ctx (HF names, f32 values),
     // waiting at most timeout_ms; on success *version is the engine's new weights version.
     // TD_ERR_TIMEOUT: the update may still be running (and reading get_ctx) and may succeed.
-    td_status (*apply)(void *ctx, td_export_get_fn get, void *get_ctx, int timeout_ms, uint64_t *version,
-                       td_err *err);
+    // typed: the same source's typed form (model/export.h), for types the engine stores as is.
+    td_status (*apply)(void *ctx, td_export_get_fn get, td_export_get_typed_fn typed, void *get_ctx, int timeout_ms,
+                       uint64_t *version, td_err *err);
     // Returns once every earlier apply has ended (timed out ones included), with the engine's
     // weights version; TD_ERR_TIMEOUT after timeout_ms.
     td_status (*fence)(void *ctx, int timeout_ms, uint64_t *version, td_err *err);

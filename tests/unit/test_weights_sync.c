@@ -9,7 +9,8 @@
 // version goes 0 -> 1 and the checksum equals the client's and one computed here from the
 // checkpoint; `tandem weights push` (one bucket: same checksum) and `get`; a source of another
 // config refused before sending; pushes to a closed port and to a listener that never answers
-// fail within the timeout; the metrics count it all. Needs .cache/ref (make_models.py).
+// fail within the timeout; the metrics count it all; then the same with a bf16 wire into the bf16
+// copy of the model (the engine's typed path). Needs .cache/ref (make_models.py).
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -608,6 +609,32 @@ int main(void) {
     const char *fl = strstr(r.body, "result=\"failed\"} ");
     CHECK(fl && atoi(fl + strlen("result=\"failed\"} ")) >= 12, "failed syncs counted: %s", fl ? fl : "(none)");
     free(r.body);
+
+    // ---- a bf16 wire into a bf16 model (the engine's typed path: staged bytes copied as they are) ----
+    char ref16[512], exp16[1024];
+    snprintf(ref16, sizeof ref16, "%s/ref/llama2-hf-bf16", td_test_data_dir());
+    snprintf(exp16, sizeof exp16, "%s/exp16", dir);
+    snprintf(cmd, sizeof cmd, "%s export %s --to hf --type bf16 -o %s --tokenizer %s >/dev/null 2>&1", bin, ckpt, exp16,
+             ref);
+    CHECK(sh(cmd) == 0, "export the checkpoint in bf16: %s", cmd);
+    server C = {0}, D = {0};
+    const char *c_extra[] = {"--enable-weight-sync", "--weight-sync-dtype", "bf16", "--api-key", KEY, NULL};
+    CHECK(start_server(bin, ref16, c_extra, &C), "server C (bf16 weight sync) started");
+    CHECK(start_server(bin, exp16, NULL, &D), "server D (the checkpoint in bf16) started");
+    double lpC0[64], lpD[64];
+    CHECK(logprobs(C.port, KEY, lpC0, 64) == n && logprobs(D.port, NULL, lpD, 64) == n, "logprobs of C and D");
+    CHECK(max_diff(lpC0, lpD, n) > 1e-3, "C and D differ before the push (%.3g)", max_diff(lpC0, lpD, n));
+    snprintf(cmd, sizeof cmd, "%s weights push http://127.0.0.1:%d %s --api-key %s --bucket-mb 1 2>/dev/null", bin,
+             C.port, ckpt, KEY);
+    out = td_test_run(cmd, &rc);
+    CHECK(rc == 0 && out && strstr(out, "\"version\": 1"), "push in bf16: %d %s", rc, out ? out : "");
+    free(out);
+    resp w = http(C.port, "GET", "/v1/weights", KEY, NULL, 0, NULL);
+    CHECK(has(&w, "\"dtype\":\"bf16\"") && has(&w, "\"bytes\":287360"), "C stages bf16: %s", w.body);
+    free(w.body);
+    CHECK(logprobs(C.port, KEY, lp, 64) == n && max_diff(lp, lpD, n) <= 1e-5,
+          "C serves the pushed bf16 weights: max |C - D| = %.3g", max_diff(lp, lpD, n));
+    CHECK(stop_server(&C) == 0 && stop_server(&D) == 0, "servers C and D exit 0");
 
     CHECK(stop_server(&A) == 0, "server A exits 0");
     CHECK(stop_server(&B) == 0, "server B exits 0");
