@@ -131,6 +131,7 @@ td_status td_wsync_create(const td_wsync_params *p, td_wsync **out, td_err *err)
         td_wsync_free(ws);
         return td_err_set(err, TD_ERR_NOMEM, "weight sync: cannot allocate the %zu MiB staging area", off >> 20);
     }
+    memset(ws->staging, 0, off);  // touched now: the memory is really there, and the first sync pays no page faults
     pthread_mutex_init(&ws->mu, NULL);
     snprintf(ws->end_reason, sizeof ws->end_reason, "no session was begun");
     *out = ws;
