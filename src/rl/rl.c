@@ -9,6 +9,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "base/afile.h"
 #include "base/log.h"
@@ -16,9 +20,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "rl/eval.h"
-#ifdef TD_RL_HAVE_REMOTE
 #include "rl/remote.h"
-#endif
 #include "rl/rollout.h"
 #include "tokenizer/tokenizer.h"
 #include "train/ckpt.h"
@@ -77,7 +79,7 @@ typedef struct loop {
     td_tokenizer *tok;
     td_tokens enc;  // prompt encoding (reused)
     td_eng *eng;           // the colocated engine (rollouts, or evaluation only when remote)
-    td_rl_engine local, remote, *roll;
+    td_rl_engine local, remote, over, *roll;  // roll: where rollouts go
     td_tmodel *tm, *ref;
     td_trainer *tr;
     td_grpo *grpo;
@@ -107,6 +109,11 @@ typedef struct loop {
     double sync_s, sync_local_s, t0;
     long dropped;
     FILE *metrics;
+    // launched servers (remote placement)
+    char self[1024], threads_arg[16];
+    const char *argv[TD_RL_MAX_URLS][12];
+    char logs[TD_RL_MAX_URLS][1100];
+    td_rl_remote_launch launch[TD_RL_MAX_URLS];
 } loop;
 
 // Pushes the policy into the rollout engine (and the local one when it is not that). version_now:
@@ -515,7 +522,7 @@ static td_status write_config(const loop *L, bool resumed, td_err *err) {
     const td_rl_config *c = L->c;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model", c->model);
-    cJSON_AddStringToObject(o, "task", c->task.name ? c->task.name : "addition");
+    cJSON_AddStringToObject(o, "task", L->task.vt->name);
     cJSON_AddNumberToObject(o, "steps", (double)c->steps);
     cJSON_AddNumberToObject(o, "prompts_per_step", c->prompts_per_step);
     cJSON_AddNumberToObject(o, "samples_per_prompt", c->samples_per_prompt);
@@ -574,14 +581,14 @@ static td_status check_config(const td_rl_config *c, td_err *err) {
 }
 
 static void loop_free(loop *L) {
-    if (L->roll && L->roll != &L->local && L->remote.vt) L->remote.vt->free(L->remote.ctx);
+    if (L->remote.vt) L->remote.vt->free(L->remote.ctx);
     if (L->local.vt) L->local.vt->free(L->local.ctx);
     td_eng_free(L->eng);
     td_grpo_free(L->grpo);
     td_trainer_free(L->tr);
     td_tmodel_free(L->tm);
     td_tmodel_free(L->ref);
-    td_rl_task_free(&L->task);
+    if (!L->c->task_override) td_rl_task_free(&L->task);
     td_tokenizer_free(L->tok);
     free(L->enc.ids);
     td_model_free(L->m);
@@ -648,15 +655,63 @@ static td_status alloc_groups(loop *L, td_err *err) {
     return TD_OK;
 }
 
+// A free TCP port on 127.0.0.1 (bound and released: another process could take it first, in
+// which case the launched server fails to start and the pool says so).
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+// The remote pool: the configured URLs plus `launch` children of this executable serving the
+// starting policy with weight sync on (logs in out_dir/server-<i>.log).
+static td_status start_remote(loop *L, td_err *err) {
+    const td_rl_config *c = L->c;
+    if (c->launch > 0 && readlink("/proc/self/exe", L->self, sizeof L->self - 1) < 0)
+        return td_err_set(err, TD_ERR_IO, "rl: cannot find this executable to launch servers");
+    snprintf(L->threads_arg, sizeof L->threads_arg, "%d", c->threads > 0 ? c->threads : 1);
+    for (int i = 0; i < c->launch; i++) {
+        const char **a = L->argv[i];
+        int k = 0;
+        a[k++] = L->self, a[k++] = "serve", a[k++] = c->model, a[k++] = "--enable-weight-sync";
+        a[k++] = "--threads", a[k++] = L->threads_arg;
+        if (c->api_key) a[k++] = "--api-key", a[k++] = c->api_key;
+        a[k] = NULL;
+        const int port = free_port();
+        if (port < 0) return td_err_set(err, TD_ERR_IO, "rl: no free port for a server");
+        if (c->out_dir) snprintf(L->logs[i], sizeof L->logs[i], "%s/server-%d.log", c->out_dir, i);
+        L->launch[i] = (td_rl_remote_launch){.argv = a, .port = port, .log_path = c->out_dir ? L->logs[i] : NULL};
+    }
+    td_rl_remote_params rp = td_rl_remote_default_params();
+    rp.urls = c->urls;
+    rp.n_urls = c->n_urls;
+    rp.launch = L->launch;
+    rp.n_launch = c->launch;
+    rp.api_key = c->api_key;
+    rp.max_inflight = L->S;
+    rp.request_timeout_ms = c->timeout_s * 1000;
+    rp.sync_timeout_ms = c->timeout_s * 1000;
+    rp.start_timeout_ms = c->timeout_s * 1000;
+    return td_rl_remote_engine(&rp, &L->remote, err);
+}
+
 td_status td_rl_run(const td_rl_config *c, FILE *log, td_rl_result *out, td_err *err) {
     td_rl_result res = {.last_pass1 = NAN, .last_pass_k = NAN, .first_reward = NAN, .last_reward = NAN};
     td_status st = check_config(c, err);
     if (st) return st;
     loop L = {.c = c, .log = log, .t0 = now_s()};
     L.P = c->prompts_per_step, L.G = c->samples_per_prompt, L.M = c->max_tokens;
+    if (c->out_dir) mkdir(c->out_dir, 0755);  // (launched servers log there)
     L.S = L.P * (c->max_staleness + 1);
     if ((st = td_model_load(c->model, &L.m, err)) || (st = td_tokenizer_load(c->model, &L.tok, err))) goto done;
-    if ((st = td_rl_task_create(&c->task, &L.task, err))) goto done;
+    if (c->task_override) L.task = *c->task_override;
+    else if ((st = td_rl_task_create(&c->task, &L.task, err))) goto done;
     // The trainer: one row per sample, micro-batches of micro_batch rows.
     const int rows = L.P * L.G;
     const int B = c->micro_batch > 0 ? c->micro_batch : rows;
@@ -688,29 +743,15 @@ td_status td_rl_run(const td_rl_config *c, FILE *log, td_rl_result *out, td_err 
     if ((st = td_rl_local_engine(L.eng, L.S > 64 ? L.S : 64, c->timeout_s * 1000, &L.local, err))) goto done;
     L.roll = &L.local;
     if (c->remote) {
-#ifndef TD_RL_HAVE_REMOTE
-        st = td_err_set(err, TD_ERR_UNSUPPORTED, "rl: remote placement is not built in");
-        goto done;
-#else
-        td_rl_remote_params rp = td_rl_remote_default_params();
-        for (int i = 0; i < c->n_urls; i++) rp.urls[i] = c->urls[i];
-        rp.n_urls = c->n_urls;
-        rp.launch = c->launch;
-        rp.launch_model = c->model;
-        rp.api_key = c->api_key;
-        rp.max_inflight = L.S;
-        rp.request_timeout_ms = c->timeout_s * 1000;
-        rp.model_name = NULL;
-        if ((st = td_rl_remote_engine(&rp, &L.remote, err))) goto done;
+        if ((st = start_remote(&L, err))) goto done;
         L.roll = &L.remote;
-#endif
     }
+    if (c->engine_override) L.over = *c->engine_override, L.roll = &L.over;
     if ((st = alloc_groups(&L, err))) goto done;
     bool resumed = false;
     if (c->resume && (st = restore_ckpt(&L, &resumed, err))) goto done;
     L.version_base = L.step;
     if (c->out_dir) {
-        mkdir(c->out_dir, 0755);
         if ((st = write_config(&L, resumed, err))) goto done;
         char path[1024];
         snprintf(path, sizeof path, "%s/metrics.jsonl", c->out_dir);
@@ -722,7 +763,7 @@ td_status td_rl_run(const td_rl_config *c, FILE *log, td_rl_result *out, td_err 
     }
     // Every engine starts from the policy's weights (a resumed run's, or the model's own as
     // version 0 when the engines loaded that model themselves).
-    if (resumed || c->remote) {
+    if (resumed || L.roll != &L.local) {
         if ((st = sync_engines(&L, L.step, err))) goto done;
     } else {
         L.ev_last = 0, L.pv_last = 0, L.ev_local_last = 0, L.pv_local_last = 0;

@@ -15,6 +15,7 @@
 
 #include "base/status.h"
 #include "rl/grpo.h"
+#include "rl/rollout.h"
 #include "rl/task.h"
 
 #define TD_RL_MAX_URLS 8
@@ -54,6 +55,12 @@ typedef struct td_rl_config {
     uint64_t seed;
     int timeout_s;           // every wait on an engine (default 120)
     bool resume;             // continue from the newest checkpoint in out_dir
+    // A task of the caller's own (a reward function in C behind td_rl_task_vt), used instead of
+    // `task`; borrowed, must outlive the run. NULL: td_rl_task_create(&task).
+    const td_rl_task *task_override;
+    // Rollouts on an engine of the caller's own (tests: a wrapper that delays requests), used
+    // instead of the placement above; borrowed. Evaluation still runs on the colocated engine.
+    const td_rl_engine *engine_override;
 } td_rl_config;
 
 td_rl_config td_rl_config_default(void);
