@@ -9,6 +9,7 @@
 #include "cli/cmd_train.h"
 #include "cli/cmd_eval.h"
 #include "cli/cmd_export.h"
+#include "cli/cmd_rl_tools.h"
 #include "cli/cmd_train_data.h"
 #include "cli/cmd_weights.h"
 
@@ -36,6 +37,7 @@ static void usage(FILE *f) {
             "  bench serve      load-test an OpenAI-compatible server (docs/bench-serve.md)\n"
             "  eval MODEL       perplexity over token shards (docs/eval.md)\n"
             "  plot LOG...      training-log loss curves to a PNG (docs/eval.md)\n"
+            "  rl data|eval     RL tasks: SFT data from a task, pass@k of a model (recipes/rl-addition)\n"
             "\n"
             "`tandem <command> --help` describes a command's options.\n",
             TANDEM_VERSION);
@@ -72,6 +74,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "eval")) return td_cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "plot")) return td_cmd_plot(argc - 1, argv + 1);
+    if (!strcmp(cmd, "rl")) return td_cmd_rl(argc - 1, argv + 1);
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
         printf("tandem %s\n", TANDEM_VERSION);
         return 0;

@@ -4,7 +4,9 @@
 // wrong, malformed, leading-zero, empty and overlong completions; the file task with real external
 // scorers (sh/awk in a temp dir): correct rewards, one that exits early, one that hangs (timeout
 // honoured in bounded time, its process group killed, no zombie), one that closes its output and
-// lingers, garbage / NaN / out-of-range / too many lines; malformed prompts files (line numbers).
+// lingers, garbage / NaN / out-of-range / too many lines; malformed prompts files (line numbers);
+// `tandem rl data` output equal to the task's problems, --group, `tandem rl eval --json` on the
+// reference model (when TANDEM_BIN is set).
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
@@ -18,6 +20,7 @@
 #include <unistd.h>
 
 #include "rl/task.h"
+#include "run_cmd.h"
 #include "test_util.h"
 
 static double now_s(void) {
@@ -515,10 +518,93 @@ static void test_file_task(void) {
     if (system(rm) != 0) fprintf(stderr, "warning: could not remove %s\n", g_dir);
 }
 
+// `tandem rl data` writes exactly the task's problems, `prompt answer \n` per line.
+static void test_cli_data(void) {
+    const char *bin = getenv("TANDEM_BIN");
+    if (!bin || !*bin) {
+        printf("TANDEM_BIN not set: the CLI part is not run\n");
+        return;
+    }
+    for (int sp = 0; sp < 2; sp++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "%s rl data --n 500 --seed 11 --min-digits 3 --max-digits 5 --split %s -o - 2>/dev/null",
+                 bin, sp ? "eval" : "train");
+        int status;
+        char *out = td_test_run(cmd, &status);
+        CHECK(out && status == 0, "rl data exits 0 (%d)", status);
+        if (!out) continue;
+        td_rl_task t = make_add(11, 3, 5);
+        char *s = out;
+        int bad = 0, n = 0;
+        for (; n < 500 && *s; n++) {
+            td_rl_problem pr;
+            td_err err = {0};
+            t.vt->problem(t.ctx, (td_rl_split)sp, (uint64_t)n, &pr, &err);
+            char want[2048];
+            snprintf(want, sizeof want, "%s%s\n", pr.prompt, pr.answer);
+            size_t wl = strlen(want);
+            if (strncmp(s, want, wl)) {
+                if (bad++ < 3) fprintf(stderr, "  line %d: want %s", n + 1, want);
+                char *nl = strchr(s, '\n');
+                s = nl ? nl + 1 : s + strlen(s);
+            } else {
+                s += wl;
+            }
+        }
+        CHECK(bad == 0 && n == 500 && !*s, "rl data --split %d: %d bad lines of %d, %zu bytes left", sp, bad, n,
+              strlen(s));
+        td_rl_task_free(&t);
+        free(out);
+    }
+    char cmd[1024];
+    int status;
+    // --group 2: a blank line after every second problem.
+    snprintf(cmd, sizeof cmd, "%s rl data --n 5 --group 2 -o - 2>/dev/null", bin);
+    char *g = td_test_run(cmd, &status);
+    int lines = 0, blank = 0;
+    for (char *s = g; s && *s; s++)
+        if (*s == '\n') {
+            lines++;
+            if (s[1] == '\n') blank++, s++, lines++;
+        }
+    CHECK(g && status == 0 && lines == 7 && blank == 2, "--group 2 over 5 problems: %d lines, %d blank", lines, blank);
+    free(g);
+    // rl eval end to end on the reference model: exit 0 and a JSON result.
+    char json[] = "/tmp/td_rl_eval_XXXXXX";
+    int fd = mkstemp(json);
+    if (fd >= 0) close(fd);
+    snprintf(cmd, sizeof cmd, "%s rl eval %s/ref/llama2 --n 10 --k 3 --max-tokens 4 --threads 1 --json %s 2>/dev/null",
+             bin, td_test_data_dir(), json);
+    char *o = td_test_run(cmd, &status);
+    CHECK(o && status == 0 && strstr(o, "pass@3"), "rl eval exits 0 (%d): %s", status, o ? o : "");
+    free(o);
+    FILE *f = fopen(json, "r");
+    char buf[1024] = "";
+    if (f) {
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = 0;
+        fclose(f);
+    }
+    CHECK(strstr(buf, "\"n_problems\": 10") && strstr(buf, "\"k\": 3") && strstr(buf, "\"pass1\": ") &&
+              strstr(buf, "\"pass_k\": ") && strstr(buf, "\"sample_solve\": ") && strstr(buf, "\"seconds\": "),
+          "rl eval --json: %s", buf);
+    unlink(json);
+    snprintf(cmd, sizeof cmd, "%s rl eval %s/ref/llama2 --k 65 2>/dev/null", bin, td_test_data_dir());
+    free(td_test_run(cmd, &status));
+    CHECK(status == 2, "rl eval --k 65: exit %d, want 2", status);
+    snprintf(cmd, sizeof cmd, "%s rl data --n 5 --bogus 2>/dev/null", bin);
+    free(td_test_run(cmd, &status));
+    CHECK(status == 2, "unknown option: exit %d, want 2", status);
+    snprintf(cmd, sizeof cmd, "%s rl data --n 5 --min-digits 7 --max-digits 6 -o - 2>/dev/null", bin);
+    free(td_test_run(cmd, &status));
+    CHECK(status == 1, "min > max: exit %d, want 1", status);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_DFL);  // a scorer closing its input must not kill us: the task avoids SIGPIPE
     test_addition_problems();
     test_addition_reward();
     test_file_task();
+    test_cli_data();
     TEST_DONE();
 }
