@@ -37,7 +37,7 @@ static void usage(FILE *f) {
             "  bench serve      load-test an OpenAI-compatible server (docs/bench-serve.md)\n"
             "  eval MODEL       perplexity over token shards (docs/eval.md)\n"
             "  plot LOG...      training-log loss curves to a PNG (docs/eval.md)\n"
-            "  rl data|eval     RL tasks: SFT data from a task, pass@k of a model (recipes/rl-addition)\n"
+            "  rl --config F    GRPO post-training (docs/rl.md); rl data|eval: a task's SFT data, pass@k\n"
             "\n"
             "`tandem <command> --help` describes a command's options.\n",
             TANDEM_VERSION);
