@@ -151,7 +151,8 @@ static long policy_of(const loop *L, uint64_t ev) {
 
 // ---- groups
 
-static uint64_t req_seed(const loop *L, uint64_t index) { return td_mix64(L->c->seed ^ td_mix64(index + 0x9e37)); }
+// 53 bits: a seed must survive JSON (a double) on its way to a remote server.
+static uint64_t req_seed(const loop *L, uint64_t index) { return td_mix64(L->c->seed ^ td_mix64(index + 0x9e37)) >> 11; }
 
 static td_status submit_group(loop *L, group *gp, uint64_t index, td_err *err) {
     td_status st = L->task.vt->problem(L->task.ctx, TD_RL_SPLIT_TRAIN, index, &gp->prob, err);

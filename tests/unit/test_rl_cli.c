@@ -8,7 +8,9 @@
 //     logged reward is the same;
 //  3. `tandem export` reads the RL checkpoint (an HF directory the engine loads);
 //  4. a broken scorer (exits 3) fails the run with a message naming the command; a bad config key
-//     is a usage error naming the key.
+//     is a usage error naming the key;
+//  5. remote placement: two `tandem serve` children launched by the loop; one killed with SIGKILL
+//     mid-run is dropped, restarted and re-synced, its requests re-submitted, and the run completes.
 #include <errno.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -45,6 +47,19 @@ static void write_config(const char *path, const char *tmp, const char *out, con
              " \"micro_batch\": 16, \"optim\": {\"lr\": 0.003}, \"threads\": 2, \"seed\": 11, \"ckpt_every\": 1,\n"
              " \"keep\": 0, \"timeout_s\": 60}\n",
              td_test_data_dir(), out, steps, tmp, scorer);
+    write_file(path, s);
+}
+
+// A remote run: two `tandem serve` children launched by the loop (weight sync on), 8 steps.
+static void write_remote_config(const char *path, const char *tmp, const char *out, const char *scorer) {
+    char s[4096];
+    snprintf(s, sizeof s,
+             "{\"model\": \"%s/ref/llama2\", \"out_dir\": \"%s\", \"steps\": 8,\n"
+             " \"task\": {\"name\": \"file\", \"prompts\": \"%s/prompts.jsonl\", \"scorer\": \"%s\"},\n"
+             " \"prompts_per_step\": 4, \"samples_per_prompt\": 8, \"max_tokens\": 8, \"max_prompt_tokens\": 8,\n"
+             " \"micro_batch\": 16, \"optim\": {\"lr\": 0.003}, \"threads\": 1, \"seed\": 11,\n"
+             " \"engine\": {\"placement\": \"remote\", \"launch\": 2}, \"timeout_s\": 30}\n",
+             td_test_data_dir(), out, tmp, scorer);
     write_file(path, s);
 }
 
@@ -171,6 +186,34 @@ int main(void) {
     int st = 0;
     char *o = td_test_run(cmd, &st);
     CHECK(st == 0, "export + run of the RL checkpoint: %s", o ? o : "");
+    free(o);
+
+    // 5. remote placement: rollouts on two launched servers; one is killed with SIGKILL mid-run:
+    // the loop re-submits its requests, the pool restarts it and re-syncs it before it serves again,
+    // and the run completes with its reward risen.
+    char cfg_r[700], rdir[600];
+    snprintf(cfg_r, sizeof cfg_r, "%s/r.json", tmp);
+    snprintf(rdir, sizeof rdir, "%s/r", tmp);
+    write_remote_config(cfg_r, tmp, rdir, scorer_cmd);
+    char rlog[700];
+    snprintf(rlog, sizeof rlog, "%s/remote.txt", tmp);
+    p = spawn_rl(cfg_r, false, rlog);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", rdir);
+    for (int i = 0; i < 1500 && !exists(path); i++) usleep(20000);  // the first step is done
+    snprintf(cmd, sizeof cmd, "pgrep -P %d -f ' serve '", (int)p);
+    o = td_test_run(cmd, &st);
+    const int child = o ? atoi(o) : 0;
+    free(o);
+    CHECK(child > 0, "a launched server is running");
+    if (child > 0) kill(child, SIGKILL);
+    rc = wait_exit(p);
+    CHECK(rc == 0, "the remote run survives a killed server (exit %d, log %s)", rc, rlog);
+    double rr[8];
+    CHECK(rewards(rdir, rr, 8) == 8, "every remote step logged");
+    CHECK(rr[7] > rr[0], "remote reward rose (%.3f -> %.3f)", rr[0], rr[7]);
+    snprintf(cmd, sizeof cmd, "grep -c 're-synced' %s", rlog);
+    o = td_test_run(cmd, &st);
+    CHECK(o && atoi(o) >= 1, "the restarted server was re-synced before serving again (log %s)", rlog);
     free(o);
 
     // 4. failures
