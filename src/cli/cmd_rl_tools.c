@@ -66,7 +66,9 @@ static void data_usage(void) {
             "  --n N                problems (default 100000)\n"
             "  --group G            a blank line after every G problems: documents of G problems for\n"
             "                       `tandem data prepare --docs blank --sep bos`, so that the first\n"
-            "                       problem of each follows BOS as an eval prompt does (default 0: none)\n"
+            "                       problem of each follows BOS as an eval prompt does; all but the\n"
+            "                       last end with the stop string (data prepare drops a document's\n"
+            "                       final newline). Default 0: no blank lines\n"
             "  -o, --out FILE       output file (- for stdout)\n");
 }
 

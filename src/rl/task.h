@@ -66,6 +66,8 @@ typedef struct td_rl_task_params {
 } td_rl_task_params;
 
 td_rl_task_params td_rl_task_default_params(void);
+// Both built-in tasks are read-only after creation: problem and score may run on several threads
+// at once (each "file" score call forks its own scorer; no signal disposition is changed).
 // Errors: TD_ERR_INVALID (bad params, unknown name), TD_ERR_IO (prompts file unreadable),
 // TD_ERR_FORMAT / TD_ERR_LIMIT (a malformed record: "FILE:LINE: ..."). On failure *out is zeroed.
 td_status td_rl_task_create(const td_rl_task_params *p, td_rl_task *out, td_err *err);
