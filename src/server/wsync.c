@@ -64,6 +64,7 @@ struct td_wsync {
     uint8_t *bstate;   // [nt] per bucket index (n_buckets <= nt)
     int n_open;        // bucket uploads of this session not yet closed
     uint64_t sess_bytes;  // body bytes of the session's good buckets
+    int sess_shm;         // of them, buckets read from shared memory
     uint64_t commit_sum;
     char end_reason[300];  // why the last session ended (for a late bucket of it)
     char last_sid[33];
@@ -307,6 +308,7 @@ cJSON *td_wsync_begin(td_wsync *ws, const char *body, size_t len, td_api_error *
     ws->n_buckets = (int)k;
     ws->n_open = 0;
     ws->sess_bytes = 0;
+    ws->sess_shm = 0;
     memset(ws->tstate, 0, (size_t)ws->nt);
     memset(ws->bstate, 0, (size_t)ws->nt);
     cJSON *j = cJSON_CreateObject();
@@ -367,6 +369,7 @@ struct td_wsync_bucket {
     XXH64_state_t *ts;  // the current tensor's content hash (name, then its bytes as staged)
     uint64_t *hs;       // [n_ents] content hash of each tensor, once its last byte landed
     uint64_t fin_done;  // bytes of the current tensor checked for finiteness
+    bool shm;           // read from a shared-memory file
     bool failed;
     td_api_error err;
 };
@@ -753,6 +756,7 @@ cJSON *td_wsync_bucket_close(td_wsync_bucket *b, td_api_error *e) {
             }
             ws->bstate[b->index] = T_RECEIVED;
             ws->sess_bytes += b->body_bytes;
+            ws->sess_shm += b->shm;
             ws->t_last = td_now();
         }
         pthread_mutex_unlock(&ws->mu);
@@ -895,6 +899,7 @@ td_wsync_bucket *td_wsync_bucket_open_shm(td_wsync *ws, const char *session, con
               path);
     if (b->failed || !shm_map(b, path, off, len)) return b;
     pthread_once(&bus_once, bus_install);
+    b->shm = true;
     if (!shm_read(b, ws->shm.map + off, (size_t)len)) {
         shm_drop(ws);
         bfail(b, 400, "X-Tandem-Shm: %s shrank while the bucket was read", path);
@@ -1015,8 +1020,9 @@ cJSON *td_wsync_commit_run(td_wsync *ws, td_api_error *e) {
         cJSON_AddNumberToObject(j, "session_seconds", total);
         cJSON_AddNumberToObject(j, "bytes", (double)ws->sess_bytes);
         end_session_locked(ws, true, "committed as version %llu", (unsigned long long)version);
-        TD_LOGI("weight sync: version %llu applied (%.1f MB in %.3f s, the update %.3f s)", (unsigned long long)version,
-                ws->sess_bytes / 1e6, total, t1 - t0);
+        TD_LOGI("weight sync: version %llu applied (%.1f MB in %d buckets, %d through shared memory, in %.3f s, the "
+                "update %.3f s)",
+                (unsigned long long)version, ws->sess_bytes / 1e6, ws->n_buckets, ws->sess_shm, total, t1 - t0);
     } else {
         if (st == TD_ERR_TIMEOUT) ws->fence_needed = true;
         td_api_fail(e, st == TD_ERR_TIMEOUT ? 504 : st == TD_ERR_LIMIT ? 503 : 500, NULL,
