@@ -730,6 +730,15 @@ int main(void) {
     double lpC0[64], lpD[64];
     CHECK(logprobs(C.port, KEY, lpC0, 64) == n && logprobs(D.port, NULL, lpD, 64) == n, "logprobs of C and D");
     CHECK(max_diff(lpC0, lpD, n) > 1e-3, "C and D differ before the push (%.3g)", max_diff(lpC0, lpD, n));
+    {  // C runs without --weight-sync-shm: a reference is refused, naming the flag
+        char sid[64];
+        begin(C.port, 1, sid, sizeof sid);
+        r = shm_bucket(C.port, sid, 0, "/dev/shm/tandem-anything", "0", "100", "0123456789abcdef", NULL, 0);
+        CHECK(r.status == 400 && has(&r, "shared-memory buckets are disabled on this server (start it with "
+                                         "--weight-sync-shm"),
+              "shm on a server without it: %ld %s", r.status, r.body);
+        free(r.body);
+    }
     // C runs without --weight-sync-shm: --shm falls back to bodies, saying so
     snprintf(cmd, sizeof cmd, "%s weights push http://127.0.0.1:%d %s --api-key %s --bucket-mb 1 --shm 2>&1", bin,
              C.port, ckpt, KEY);
