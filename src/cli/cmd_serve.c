@@ -224,6 +224,10 @@ int td_cmd_serve(int argc, char **argv) {
     td_wsync *ws = NULL;
     char *tmpl = NULL;
 
+    if (o.ws_shm && !o.weight_sync) {  // a usage error, before the model is loaded
+        fprintf(stderr, "tandem serve: --weight-sync-shm needs --enable-weight-sync\n");
+        return 2;
+    }
     double t0 = td_now();
     if (td_model_load(o.model, &m, &err) != TD_OK) {
         fprintf(stderr, "tandem serve: %s\n", err.msg);
@@ -256,10 +260,6 @@ int td_cmd_serve(int argc, char **argv) {
     ep.updatable_weights = o.weight_sync;
     if (td_eng_create(m, tok, &ep, &eng, &err) != TD_OK) {
         fprintf(stderr, "tandem serve: %s\n", err.msg);
-        goto done;
-    }
-    if (o.ws_shm && !o.weight_sync) {
-        fprintf(stderr, "tandem serve: --weight-sync-shm needs --enable-weight-sync\n");
         goto done;
     }
     if (o.weight_sync) {
