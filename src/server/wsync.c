@@ -1,6 +1,7 @@
 // Weight sync state (see wsync.h): one staging area in the wire dtype, carved per tensor at
 // create; at most one session; buckets parsed as they stream in (8-byte header length, JSON
-// header, then the data copied straight to each tensor's place in staging). A tensor counts only
+// header, then the data copied straight to each tensor's place in staging and hashed there), or
+// read the same way from a shared-memory mapping (same host). A tensor counts only
 // once its bucket closed with a good checksum, so a bad bucket leaves nothing usable: the session
 // is aborted and the engine keeps its weights.
 #include "server/wsync.h"

@@ -1,9 +1,10 @@
 // Weight sync into a running server (docs/server.md, "Weight sync"): the staging area for one full
 // set of weights in the wire dtype, allocated once; the session state machine (begin, buckets,
-// commit, abort, idle expiry); the streaming parser of a bucket (one safetensors blob written
-// straight into staging while its XXH64 is computed); and the commit, which hands the staged
-// tensors to the engine through a callback. Not here: HTTP (server.c routes requests to these
-// calls), the engine (cmd_serve.c supplies the callbacks), the client (rl/push.h).
+// commit, abort, idle expiry); the streaming parser of a bucket (one safetensors blob, from an
+// HTTP body or a shared-memory file, written straight into staging while its XXH64 is computed);
+// and the commit, which hands the staged tensors to the engine through a callback. Not here: HTTP
+// (server.c routes requests to these calls), the engine (cmd_serve.c supplies the callbacks),
+// the client (rl/push.h).
 //
 // Threads: every call but td_wsync_commit_run comes from the server's one MHD thread;
 // td_wsync_commit_run runs on a thread of its own while the session is COMMITTING (buckets are
