@@ -16,7 +16,9 @@
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -322,6 +324,25 @@ static void bad_bucket(int port, const char *what, blob *b, size_t len, const ch
     free(r.body);
 }
 
+// A client that shrinks and regrows its file while the server may be reading it.
+typedef struct shaker {
+    int fd;
+    size_t len;
+    const uint8_t *blob;
+    volatile int stop;
+    long flips;
+} shaker;
+
+static void *shake(void *arg) {
+    shaker *k = arg;
+    while (!k->stop) {
+        if (ftruncate(k->fd, 0) != 0) break;
+        if (ftruncate(k->fd, (off_t)k->len) != 0 || pwrite(k->fd, k->blob, k->len, 0) != (ssize_t)k->len) break;
+        k->flips++;
+    }
+    return NULL;
+}
+
 // One refused shared-memory reference: begin, send, expect status and message, session gone.
 static void bad_shm(int port, const char *what, const char *file, const char *off, const char *len, const char *sum,
                     const void *body, size_t blen, const char *msg) {
@@ -574,6 +595,63 @@ int main(void) {
         bad_shm(A.port, "a body as well", shm, "4", lens, good.sum, "xyz", 3, "a shared-memory bucket has no body");
         snprintf(lens, sizeof lens, "%zu", good.len - 100);  // the blob cut: its checksum would not even matter
         bad_shm(A.port, "a truncated blob", shm, "4", lens, good.sum, NULL, 0, "truncated safetensors blob");
+        // The file shrinking under the server's reads: each bucket is taken or refused (a short
+        // file, a fault caught as "shrank", or zeros where the blob was), never a crash
+        int fd = open(shm, O_RDWR);
+        shaker k = {.fd = fd, .len = good.len, .blob = good.p};
+        pthread_t th;
+        CHECK(fd >= 0 && pthread_create(&th, NULL, shake, &k) == 0, "start the shaker");
+        snprintf(lens, sizeof lens, "%zu", good.len);
+        int took = 0, refused = 0, odd = 0;
+        for (int i = 0; fd >= 0 && i < 60; i++) {
+            begin(A.port, 2, sid, sizeof sid);
+            r = shm_bucket(A.port, sid, 0, shm, "0", lens, good.sum, NULL, 0);
+            if (r.status == 200) took++;
+            else if (r.status == 400 && has(&r, "nothing was applied")) refused++;
+            else odd++, printf("shaken bucket: %ld %s\n", r.status, r.body);
+            free(r.body);
+            r = post_sid(A.port, "abort", sid);
+            free(r.body);
+        }
+        k.stop = 1;
+        if (fd >= 0) pthread_join(th, NULL), close(fd);
+        printf("a shrinking file: %d buckets taken, %d refused, %ld truncations\n", took, refused, k.flips);
+        CHECK(odd == 0 && took + refused == 60, "every shaken bucket was answered 200 or 400 (%d odd)", odd);
+        r = http(A.port, "GET", "/health", NULL, NULL, 0, NULL);
+        CHECK(r.status == 200, "the server survived the shrinking file: %ld", r.status);
+        free(r.body);
+
+        // The fault itself, deterministically: server E skips the size check (fault injection),
+        // so a file cut after E mapped it faults inside the copy; the SIGBUS becomes a 400
+        server E = {0};
+        const char *e_extra[] = {"--enable-weight-sync", "--api-key", KEY, "--weight-sync-shm", NULL};
+        setenv("TANDEM_WSYNC_FAULT", "shm-size", 1);
+        CHECK(start_server(bin, ref, e_extra, &E), "server E (fault injection) started");
+        unsetenv("TANDEM_WSYNC_FAULT");
+        fd = open(shm, O_RDWR | O_TRUNC);
+        CHECK(fd >= 0 && pwrite(fd, good.p, good.len, 0) == (ssize_t)good.len, "rewrite %s", shm);
+        begin(E.port, 2, sid, sizeof sid);
+        r = shm_bucket(E.port, sid, 0, shm, "0", lens, good.sum, NULL, 0);
+        CHECK(r.status == 200, "E takes the whole file: %ld %s", r.status, r.body);
+        free(r.body);
+        r = post_sid(E.port, "abort", sid);
+        free(r.body);
+        CHECK(fd >= 0 && ftruncate(fd, 4096) == 0, "cut the file to one page");
+        begin(E.port, 2, sid, sizeof sid);
+        r = shm_bucket(E.port, sid, 0, shm, "0", lens, good.sum, NULL, 0);
+        CHECK(r.status == 400 && has(&r, "shrank while the bucket was read") && has(&r, "nothing was applied"),
+              "a file cut under the mapping: %ld %s", r.status, r.body);
+        free(r.body);
+        CHECK(fd >= 0 && pwrite(fd, good.p, good.len, 0) == (ssize_t)good.len, "restore %s", shm);
+        begin(E.port, 2, sid, sizeof sid);
+        r = shm_bucket(E.port, sid, 0, shm, "0", lens, good.sum, NULL, 0);
+        CHECK(r.status == 200, "E maps the file again and takes it: %ld %s", r.status, r.body);
+        free(r.body);
+        r = post_sid(E.port, "abort", sid);
+        free(r.body);
+        CHECK(weights_version(E.port, NULL, 0) == 0, "E kept its weights");
+        CHECK(stop_server(&E) == 0, "server E exits 0");
+        if (fd >= 0) close(fd);
         unlink(shm);
     }
     free(good.p);
