@@ -53,7 +53,9 @@ static void serve_usage(FILE *f) {
             "  --weight-sync-dtype T    wire and staging dtype: f32 (default) or bf16 (half the memory)\n"
             "  --weight-sync-max-bucket-mb N  largest bucket body, MiB (default 256)\n"
             "  --weight-sync-timeout S  an idle sync session expires after S seconds; also the deadline\n"
-            "                           of applying a commit (default 60)\n");
+            "                           of applying a commit (default 60)\n"
+            "  --weight-sync-shm        also take buckets by reference to a shared-memory file\n"
+            "                           /dev/shm/tandem-* (clients on this host: `weights push --shm`)\n");
     fprintf(f, "backends in this build: %s\n", td_backend_names());
 }
 
@@ -65,7 +67,7 @@ typedef struct {
     bool logprobs_processed;
     td_dtype kv_dtype;
     const char *api_key;
-    bool weight_sync;
+    bool weight_sync, ws_shm;
     td_dtype ws_dtype;
     long ws_bucket_mb, ws_timeout_s;
 } serve_opts;
@@ -145,6 +147,8 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
             o->api_key = TAKE();
         } else if (!strcmp(a, "--enable-weight-sync")) {
             o->weight_sync = true;
+        } else if (!strcmp(a, "--weight-sync-shm")) {
+            o->ws_shm = true;
         } else if (!strcmp(a, "--weight-sync-dtype")) {
             if (!v || (strcmp(v, "f32") && strcmp(v, "bf16")))
                 return fprintf(stderr, "tandem: --weight-sync-dtype must be f32 or bf16\n"), -1;
@@ -220,6 +224,10 @@ int td_cmd_serve(int argc, char **argv) {
     td_wsync *ws = NULL;
     char *tmpl = NULL;
 
+    if (o.ws_shm && !o.weight_sync) {  // a usage error, before the model is loaded
+        fprintf(stderr, "tandem serve: --weight-sync-shm needs --enable-weight-sync\n");
+        return 2;
+    }
     double t0 = td_now();
     if (td_model_load(o.model, &m, &err) != TD_OK) {
         fprintf(stderr, "tandem serve: %s\n", err.msg);
@@ -260,6 +268,7 @@ int td_cmd_serve(int argc, char **argv) {
         wp.dtype = o.ws_dtype;
         wp.max_bucket_bytes = (size_t)o.ws_bucket_mb << 20;
         wp.session_timeout_s = (int)o.ws_timeout_s;
+        wp.shm = o.ws_shm;
         wp.engine = (td_wsync_engine){.ctx = eng, .apply = ws_apply, .fence = ws_fence};
         if (td_wsync_create(&wp, &ws, &err) != TD_OK) {
             fprintf(stderr, "tandem serve: %s\n", err.msg);

@@ -19,7 +19,8 @@
 
 static void weights_usage(FILE *f) {
     fprintf(f,
-            "usage: tandem weights push URL SOURCE [--api-key KEY] [--bucket-mb N] [--timeout S]\n"
+            "usage: tandem weights push URL SOURCE [--api-key KEY] [--bucket-mb N] [--timeout S] [--shm]\n"
+            "                                      [--f32-source] [--repeat N]\n"
             "       tandem weights get URL [--api-key KEY] [--timeout S]\n"
             "  push: sends every weight of SOURCE to a server started with --enable-weight-sync, which\n"
             "        applies them between two engine steps (docs/server.md, \"Weight sync\")\n"
@@ -31,7 +32,14 @@ static void weights_usage(FILE *f) {
             "                      config must be the served model's\n"
             "  --api-key KEY       the server's --api-key (default $TANDEM_API_KEY)\n"
             "  --bucket-mb N       tensor data per request, MiB (default 64)\n"
-            "  --timeout S         limit of every request, seconds (default 60)\n");
+            "  --timeout S         limit of every request, seconds (default 60)\n"
+            "  --shm               same host: pass buckets through a shared-memory file\n"
+            "                      /dev/shm/tandem-push-* instead of HTTP bodies (the server needs\n"
+            "                      --weight-sync-shm; without it the push falls back to bodies, with\n"
+            "                      a warning)\n"
+            "  --f32-source        read every tensor of SOURCE into f32 memory first and push from\n"
+            "                      there (what the RL loop pushes: the trainer's f32 parameters)\n"
+            "  --repeat N          push N times (timings of each on stderr; JSON of the last)\n");
 }
 
 // A source of weights: a checkpoint or a loaded model.
@@ -71,6 +79,61 @@ static int open_source(const char *path, source *s) {
     return 0;
 }
 
+// --f32-source: every tensor read once into f32 memory; get is then a memcpy, as from the
+// trainer's parameters.
+typedef struct f32_copy {
+    int n;
+    td_export_tensor *ts;
+    float **v;
+} f32_copy;
+
+static void f32_copy_free(f32_copy *c) {
+    for (int i = 0; c->v && i < c->n; i++) free(c->v[i]);
+    free(c->v);
+    free(c->ts);
+}
+
+static int64_t n_of(const td_export_tensor *t) { return t->ndim == 2 ? t->shape[0] * t->shape[1] : t->shape[0]; }
+
+static td_status f32_copy_load(f32_copy *c, const td_model_config *cfg, td_export_get_fn get, void *ctx, td_err *err) {
+    c->n = td_export_tensor_list(cfg, NULL, 0);
+    c->ts = calloc((size_t)c->n, sizeof *c->ts);
+    c->v = calloc((size_t)c->n, sizeof *c->v);
+    if (!c->ts || !c->v) return td_err_set(err, TD_ERR_NOMEM, "out of memory");
+    td_export_tensor_list(cfg, c->ts, c->n);
+    for (int i = 0; i < c->n; i++) {
+        c->v[i] = malloc((size_t)n_of(&c->ts[i]) * sizeof(float));
+        if (!c->v[i]) return td_err_set(err, TD_ERR_NOMEM, "out of memory for the f32 copy of %s", c->ts[i].name);
+        td_status st = get(ctx, c->ts[i].name, c->v[i], n_of(&c->ts[i]), err);
+        if (st) return st;
+    }
+    return TD_OK;
+}
+
+static td_status f32_copy_get(void *ctx, const char *name, float *dst, int64_t n, td_err *err) {
+    f32_copy *c = ctx;
+    for (int i = 0; i < c->n; i++)
+        if (!strcmp(c->ts[i].name, name)) {
+            if (n != n_of(&c->ts[i])) return td_err_set(err, TD_ERR_INVALID, "%s: %lld values asked", name, (long long)n);
+            memcpy(dst, c->v[i], (size_t)n * sizeof(float));
+            return TD_OK;
+        }
+    return td_err_set(err, TD_ERR_NOT_FOUND, "no tensor %s", name);
+}
+
+// Straight from the f32 copy into the bucket in the wire dtype (no f32 scratch copy).
+static td_status f32_copy_get_typed(void *ctx, const char *name, td_dtype type, void *dst, int64_t n, td_err *err) {
+    f32_copy *c = ctx;
+    if (type != TD_F32 && type != TD_BF16 && type != TD_F16) return TD_ERR_UNSUPPORTED;
+    for (int i = 0; i < c->n; i++)
+        if (!strcmp(c->ts[i].name, name)) {
+            if (n != n_of(&c->ts[i])) return td_err_set(err, TD_ERR_INVALID, "%s: %lld values asked", name, (long long)n);
+            td_from_f32(type, c->v[i], dst, n);
+            return TD_OK;
+        }
+    return td_err_set(err, TD_ERR_NOT_FOUND, "no tensor %s", name);
+}
+
 static void close_source(source *s) {
     td_ckpt_close(s->ck);
     td_model_free(s->m);
@@ -91,7 +154,8 @@ int td_cmd_weights(int argc, char **argv) {
     int npos = 0;
     td_pusher_params pp = td_pusher_default_params();
     pp.api_key = getenv("TANDEM_API_KEY");
-    long mb = 64, timeout_s = 60;
+    long mb = 64, timeout_s = 60, repeat = 1;
+    bool f32_source = false;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -103,6 +167,13 @@ int td_cmd_weights(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--bucket-mb")) {
             if (!td_arg_int(a, v, 1, 1 << 16, &mb)) return 2;
+            i++;
+        } else if (!strcmp(a, "--shm")) {
+            pp.shm = true;
+        } else if (!strcmp(a, "--f32-source")) {
+            f32_source = true;
+        } else if (!strcmp(a, "--repeat")) {
+            if (!td_arg_int(a, v, 1, 1000, &repeat)) return 2;
             i++;
         } else if (!strcmp(a, "--timeout")) {
             if (!td_arg_int(a, v, 1, 86400, &timeout_s)) return 2;
@@ -153,23 +224,42 @@ int td_cmd_weights(int argc, char **argv) {
         td_pusher_free(p);
         return 1;
     }
-    td_push_result r;
-    td_status st = src.ck ? td_pusher_push(p, &src.cfg, td_train_ckpt_get, src.ck, &r, &err)
-                          : td_pusher_push(p, &src.cfg, td_export_model_get, src.m, &r, &err);
-    if (st) {
-        fprintf(stderr, "tandem %s\n", err.msg);
-        rc = 1;
-    } else {
-        fprintf(stderr,
-                "tandem weights push: version %llu, checksum %016llx: %.1f MB in %d buckets in %.3f s (packing %.3f s, "
-                "transfer %.3f s, commit %.3f s of which the engine update %.3f s)\n",
-                (unsigned long long)r.version, (unsigned long long)r.checksum, r.bytes / 1e6, r.n_buckets, r.seconds,
-                r.pack_seconds, r.transfer_seconds, r.commit_seconds, r.apply_seconds);
-        printf("{\"version\": %llu, \"checksum\": \"%016llx\", \"bytes\": %llu, \"buckets\": %d, \"seconds\": %.6f, "
-               "\"pack_seconds\": %.6f, \"transfer_seconds\": %.6f, \"commit_seconds\": %.6f, \"apply_seconds\": %.6f}\n",
-               (unsigned long long)r.version, (unsigned long long)r.checksum, (unsigned long long)r.bytes, r.n_buckets,
-               r.seconds, r.pack_seconds, r.transfer_seconds, r.commit_seconds, r.apply_seconds);
+    td_export_get_fn get = src.ck ? td_train_ckpt_get : td_export_model_get;
+    td_export_get_typed_fn typed = src.ck ? NULL : td_export_model_get_typed;
+    void *gctx = src.ck ? (void *)src.ck : (void *)src.m;
+    f32_copy copy = {0};
+    if (f32_source && f32_copy_load(&copy, &src.cfg, get, gctx, &err)) {
+        fprintf(stderr, "tandem weights: %s\n", err.msg);
+        f32_copy_free(&copy);
+        close_source(&src);
+        td_pusher_free(p);
+        return 1;
     }
+    if (f32_source) get = f32_copy_get, typed = f32_copy_get_typed, gctx = &copy;
+    td_push_result r;
+    for (long k = 0; k < repeat && !rc; k++) {
+        td_status st = td_pusher_push_typed(p, &src.cfg, get, typed, gctx, &r, &err);
+        if (st) {
+            fprintf(stderr, "tandem %s\n", err.msg);
+            rc = 1;
+            break;
+        }
+        fprintf(stderr,
+                "tandem weights push: version %llu, checksum %016llx: %.1f MB in %d buckets (%s) in %.3f s: buckets "
+                "%.3f s (packing %.3f s, transfer %.3f s, overlapped), commit %.3f s of which the engine update "
+                "%.3f s\n",
+                (unsigned long long)r.version, (unsigned long long)r.checksum, r.bytes / 1e6, r.n_buckets,
+                r.shm ? "shared memory" : "HTTP bodies", r.seconds, r.bucket_seconds, r.pack_seconds, r.transfer_seconds,
+                r.commit_seconds, r.apply_seconds);
+    }
+    if (!rc)
+        printf("{\"version\": %llu, \"checksum\": \"%016llx\", \"bytes\": %llu, \"buckets\": %d, \"shm\": %s, "
+               "\"seconds\": %.6f, \"bucket_seconds\": %.6f, \"pack_seconds\": %.6f, \"transfer_seconds\": %.6f, "
+               "\"commit_seconds\": %.6f, \"apply_seconds\": %.6f}\n",
+               (unsigned long long)r.version, (unsigned long long)r.checksum, (unsigned long long)r.bytes, r.n_buckets,
+               r.shm ? "true" : "false", r.seconds, r.bucket_seconds, r.pack_seconds, r.transfer_seconds,
+               r.commit_seconds, r.apply_seconds);
+    f32_copy_free(&copy);
     close_source(&src);
     td_pusher_free(p);
     return rc;

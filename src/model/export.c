@@ -233,6 +233,18 @@ td_status td_export_model_get(void *ctx, const char *hf_name, float *dst, int64_
     return TD_OK;
 }
 
+td_status td_export_model_get_typed(void *ctx, const char *hf_name, td_dtype type, void *dst, int64_t n, td_err *err) {
+    const td_model *m = ctx;
+    int ph;
+    const td_tensor *t = model_tensor(m, hf_name, &ph);
+    if (!t || !td_tensor_present(t) || t->type != type || ph || td_tensor_nelem(t) != n ||
+        (type != TD_F32 && type != TD_F16 && type != TD_BF16))
+        return TD_ERR_UNSUPPORTED;
+    (void)err;
+    memcpy(dst, t->data, (size_t)n * (type == TD_F32 ? 4 : 2));
+    return TD_OK;
+}
+
 // ---- small helpers ---------------------------------------------------------------------------
 
 // A float as the shortest decimal that reads back as the same float (so 1e-5f prints 1e-05).

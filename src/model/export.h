@@ -60,6 +60,9 @@ td_status td_export_arrays_get(void *ctx, const char *hf_name, float *dst, int64
 // A loaded model as source (ctx = const td_model *): any stored dtype, dequantized with
 // td_to_f32 row by row; GGUF llama Q/K rows are un-permuted back to HF's layout.
 td_status td_export_model_get(void *ctx, const char *hf_name, float *dst, int64_t n, td_err *err);
+// Its typed form (td_export_get_typed_fn): a memcpy when the stored tensor already is `type` and
+// needs no un-permuting; TD_ERR_UNSUPPORTED otherwise (ask td_export_model_get).
+td_status td_export_model_get_typed(void *ctx, const char *hf_name, td_dtype type, void *dst, int64_t n, td_err *err);
 
 // The tensors a model of config cfg has, by HF name, in llama.cpp's order (the order the exporters
 // fetch them in): what a td_export_get_fn must provide. shape is outermost first (a matrix is

@@ -34,6 +34,7 @@ typedef struct server {
     char url_health[300], url_comp[300];
     int idx;
     bool launched;
+    bool shm;  // launched with --weight-sync-shm: its pusher passes buckets through shared memory
     const td_rl_remote_launch *spec;  // the caller's (launch specs), copied below
     char **argv;                      // [argc + 3] argv + "--port" port NULL (owned)
     char *log_path;                   // owned, or NULL
@@ -123,6 +124,7 @@ static td_status push_open(pool *pl, server *s, td_err *err) {
     pp.url = s->url;
     pp.api_key = pl->api_key;
     pp.timeout_ms = pl->p.sync_timeout_ms;
+    pp.shm = s->launched && s->shm;
     td_pusher *ps = NULL;
     td_status st = td_pusher_create(&pp, &ps, err);
     if (st != TD_OK) return td_err_prefix(err, "%s: weight pusher", s->url);
@@ -1008,6 +1010,7 @@ td_status td_rl_remote_engine(const td_rl_remote_params *p, td_rl_engine *out, t
                 goto fail;
             }
             s->launched = true;
+            s->shm = l->shm;
             snprintf(s->url, sizeof s->url, "http://127.0.0.1:%d", l->port);
             s->argv = calloc((size_t)argc + 3, sizeof *s->argv);
             if (!s->argv) goto nomem;

@@ -73,6 +73,8 @@ typedef struct td_rl_remote_launch {
     const char *const *argv;
     int port;
     const char *log_path;
+    bool shm;  // argv has --weight-sync-shm (the child is on this host): pushes go through shared
+               //   memory (td_pusher_params.shm), not HTTP bodies
 } td_rl_remote_launch;
 
 typedef struct td_rl_remote_params {

@@ -680,14 +680,16 @@ static td_status start_remote(loop *L, td_err *err) {
     for (int i = 0; i < c->launch; i++) {
         const char **a = L->argv[i];
         int k = 0;
-        a[k++] = L->self, a[k++] = "serve", a[k++] = c->model, a[k++] = "--enable-weight-sync";
+        // On this host: buckets go through shared memory (docs/server.md, "Same host").
+        a[k++] = L->self, a[k++] = "serve", a[k++] = c->model, a[k++] = "--enable-weight-sync", a[k++] = "--weight-sync-shm";
         a[k++] = "--threads", a[k++] = L->threads_arg;
         if (c->api_key) a[k++] = "--api-key", a[k++] = c->api_key;
         a[k] = NULL;
         const int port = free_port();
         if (port < 0) return td_err_set(err, TD_ERR_IO, "rl: no free port for a server");
         if (c->out_dir) snprintf(L->logs[i], sizeof L->logs[i], "%s/server-%d.log", c->out_dir, i);
-        L->launch[i] = (td_rl_remote_launch){.argv = a, .port = port, .log_path = c->out_dir ? L->logs[i] : NULL};
+        L->launch[i] = (td_rl_remote_launch){
+            .argv = a, .port = port, .log_path = c->out_dir ? L->logs[i] : NULL, .shm = true};
     }
     td_rl_remote_params rp = td_rl_remote_default_params();
     rp.urls = c->urls;

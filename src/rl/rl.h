@@ -44,7 +44,9 @@ typedef struct td_rl_config {
     bool remote;                       // false: colocated (the in-process engine)
     const char *urls[TD_RL_MAX_URLS];  // remote servers
     int n_urls;
-    int launch;                        // remote: start this many `tandem serve` children (ports free)
+    int launch;                        // remote: start this many `tandem serve` children (ports free;
+                                       //   --enable-weight-sync --weight-sync-shm: pushes to them go
+                                       //   through shared memory)
     const char *api_key;               // remote servers' key (or NULL)
     int threads;                       // trainer threads (and the colocated engine's); 0: all
     long eval_every;         // steps between evaluations (and at 0 and the end); 0: none

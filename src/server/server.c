@@ -1061,8 +1061,15 @@ static enum MHD_Result bucket_open(srv_req *r, struct MHD_Connection *c) {
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     long long len = cl ? strtoll(cl, NULL, 10) : -1;
     td_api_error e = {0};
-    r->wb = td_wsync_bucket_open(r->srv->p.weight_sync, query_arg(c, "session"), query_arg(c, "index"),
-                                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Tandem-Checksum"), len, &e);
+    const char *shm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Tandem-Shm");
+    const char *sum = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Tandem-Checksum");
+    if (shm)  // same host: the blob is read from the named file now; the request has no body
+        r->wb = td_wsync_bucket_open_shm(r->srv->p.weight_sync, query_arg(c, "session"), query_arg(c, "index"), sum, shm,
+                                         MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Tandem-Shm-Offset"),
+                                         MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Tandem-Shm-Length"),
+                                         cl ? len : 0, &e);
+    else
+        r->wb = td_wsync_bucket_open(r->srv->p.weight_sync, query_arg(c, "session"), query_arg(c, "index"), sum, len, &e);
     if (!r->wb) return send_error(r, c, &e);
     return MHD_YES;
 }

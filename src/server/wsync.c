@@ -1,6 +1,7 @@
 // Weight sync state (see wsync.h): one staging area in the wire dtype, carved per tensor at
 // create; at most one session; buckets parsed as they stream in (8-byte header length, JSON
-// header, then the data copied straight to each tensor's place in staging). A tensor counts only
+// header, then the data copied straight to each tensor's place in staging and hashed there), or
+// read the same way from a shared-memory mapping (same host). A tensor counts only
 // once its bucket closed with a good checksum, so a bad bucket leaves nothing usable: the session
 // is aborted and the engine keeps its weights.
 #include "server/wsync.h"
@@ -8,14 +9,21 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <errno.h>
 
 #include "base/log.h"
 
 #define HDR_FIXED_CAP (1u << 20)  // bytes of safetensors header allowed beyond 256 per tensor
+#define LAND_CHUNK (128u << 10)    // bytes copied into staging before they are hashed (stay in L2)
 
 static const double sync_buckets[] = {0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0};
 #define N_SYNC_BUCKETS ((int)(sizeof sync_buckets / sizeof sync_buckets[0]))
@@ -40,6 +48,13 @@ struct td_wsync {
     size_t total;   // bytes of staging
     uint8_t *staging;
     size_t hdr_cap;
+    // The last shared-memory file a bucket referenced, mapped read-only and kept mapped between
+    // buckets and sessions (mapping 1 GB costs ~0.1 s of page-table work); MHD thread only. fd
+    // stays open so the inode cannot be reused while it is cached; dropped at a begin once the
+    // client removed the file, when another file is referenced, and at free.
+    struct { int fd; uint8_t *map; size_t len; } shm;
+    bool fault_shm_size;  // TANDEM_WSYNC_FAULT=shm-size (tests): skip the file-size check, so a
+                          //   file cut after it was mapped reaches the SIGBUS path
 
     pthread_mutex_t mu;  // everything below
     int state;
@@ -52,6 +67,7 @@ struct td_wsync {
     uint8_t *bstate;   // [nt] per bucket index (n_buckets <= nt)
     int n_open;        // bucket uploads of this session not yet closed
     uint64_t sess_bytes;  // body bytes of the session's good buckets
+    int sess_shm;         // of them, buckets read from shared memory
     uint64_t commit_sum;
     char end_reason[300];  // why the last session ended (for a late bucket of it)
     char last_sid[33];
@@ -68,7 +84,8 @@ struct td_wsync {
 };
 
 td_wsync_params td_wsync_default_params(void) {
-    return (td_wsync_params){.cfg = NULL, .dtype = TD_F32, .max_bucket_bytes = 256u << 20, .session_timeout_s = 60};
+    return (td_wsync_params){
+        .cfg = NULL, .dtype = TD_F32, .max_bucket_bytes = 256u << 20, .session_timeout_s = 60, .shm = false};
 }
 
 static const char *wire_name(td_dtype t) { return t == TD_BF16 ? "BF16" : "F32"; }
@@ -132,14 +149,25 @@ td_status td_wsync_create(const td_wsync_params *p, td_wsync **out, td_err *err)
         return td_err_set(err, TD_ERR_NOMEM, "weight sync: cannot allocate the %zu MiB staging area", off >> 20);
     }
     memset(ws->staging, 0, off);  // touched now: the memory is really there, and the first sync pays no page faults
+    ws->shm.fd = -1;
+    const char *fault = getenv("TANDEM_WSYNC_FAULT");
+    ws->fault_shm_size = fault && !strcmp(fault, "shm-size");
+    if (ws->fault_shm_size) TD_LOGW("weight sync: TANDEM_WSYNC_FAULT=shm-size: shared-memory file sizes are not checked");
     pthread_mutex_init(&ws->mu, NULL);
     snprintf(ws->end_reason, sizeof ws->end_reason, "no session was begun");
     *out = ws;
     return TD_OK;
 }
 
+static void shm_drop(td_wsync *ws) {
+    if (ws->shm.map) munmap(ws->shm.map, ws->shm.len);
+    if (ws->shm.fd >= 0) close(ws->shm.fd);
+    ws->shm.map = NULL, ws->shm.len = 0, ws->shm.fd = -1;
+}
+
 void td_wsync_free(td_wsync *ws) {
     if (!ws) return;
+    shm_drop(ws);
     if (ws->staging) pthread_mutex_destroy(&ws->mu);
     free(ws->staging);
     free(ws->t);
@@ -233,6 +261,7 @@ cJSON *td_wsync_info_json(td_wsync *ws) {
     cJSON_AddNumberToObject(j, "bytes", (double)bytes);
     cJSON_AddNumberToObject(j, "max_bucket_bytes", (double)ws->p.max_bucket_bytes);
     cJSON_AddBoolToObject(j, "syncing", ws->state != S_IDLE);
+    cJSON_AddBoolToObject(j, "shm", ws->p.shm);
     pthread_mutex_unlock(&ws->mu);
     return j;
 }
@@ -252,6 +281,8 @@ cJSON *td_wsync_tensors_json(td_wsync *ws) {
 }
 
 cJSON *td_wsync_begin(td_wsync *ws, const char *body, size_t len, td_api_error *e) {
+    struct stat st;  // the cached shared-memory file, once its client removed it, is let go
+    if (ws->shm.fd >= 0 && (fstat(ws->shm.fd, &st) != 0 || st.st_nlink == 0)) shm_drop(ws);
     cJSON *req = body && len ? cJSON_ParseWithLength(body, len) : NULL;
     const cJSON *nb = cJSON_GetObjectItemCaseSensitive(req, "n_buckets");
     bool is_num = cJSON_IsNumber(nb);
@@ -283,6 +314,7 @@ cJSON *td_wsync_begin(td_wsync *ws, const char *body, size_t len, td_api_error *
     ws->n_buckets = (int)k;
     ws->n_open = 0;
     ws->sess_bytes = 0;
+    ws->sess_shm = 0;
     memset(ws->tstate, 0, (size_t)ws->nt);
     memset(ws->bstate, 0, (size_t)ws->nt);
     cJSON *j = cJSON_CreateObject();
@@ -340,9 +372,16 @@ struct td_wsync_bucket {
     int n_ents, cur;
     uint64_t data_len, pos;
     uint64_t body_bytes;
+    XXH64_state_t *ts;  // the current tensor's content hash (name, then its bytes as staged)
+    uint64_t *hs;       // [n_ents] content hash of each tensor, once its last byte landed
+    uint64_t fin_done;  // bytes of the current tensor checked for finiteness
+    bool shm;           // read from a shared-memory file
     bool failed;
     td_api_error err;
 };
+
+static int64_t first_nonfinite(const uint8_t *p, int64_t n, size_t elsize);
+static void land(td_wsync_bucket *b, const uint8_t *src, size_t k);
 
 // Records the bucket's first error and aborts its session (when it is still the live one).
 static void bfail(td_wsync_bucket *b, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -413,10 +452,10 @@ td_wsync_bucket *td_wsync_bucket_open(td_wsync *ws, const char *session, const c
         status = 413;
     }
     td_wsync_bucket *b = msg[0] ? NULL : calloc(1, sizeof *b);
-    if (b) b->xs = XXH64_createState();
-    if (!msg[0] && (!b || !b->xs)) snprintf(msg, sizeof msg, "out of memory"), status = 500;
+    if (b) b->xs = XXH64_createState(), b->ts = XXH64_createState();
+    if (!msg[0] && (!b || !b->xs || !b->ts)) snprintf(msg, sizeof msg, "out of memory"), status = 500;
     if (msg[0]) {
-        if (b) free(b);
+        if (b) XXH64_freeState(b->xs), XXH64_freeState(b->ts), free(b);
         td_api_fail(e, status, param, "%s; the session is aborted and nothing was applied", msg);
         end_session_locked(ws, false, "%s", msg);
         pthread_mutex_unlock(&ws->mu);
@@ -466,7 +505,8 @@ static void parse_header(td_wsync_bucket *b) {
     }
     }
     b->ents = calloc((size_t)n, sizeof *b->ents);
-    if (!b->ents) {
+    b->hs = calloc((size_t)n, sizeof *b->hs);
+    if (!b->ents || !b->hs) {
         cJSON_Delete(h);
         {
         bfail(b, 500, "out of memory");
@@ -573,7 +613,6 @@ void td_wsync_bucket_write(td_wsync_bucket *b, const void *data, size_t n) {
     if (!n) return;
     b->body_bytes += n;
     if (b->failed) return;
-    XXH64_update(b->xs, data, n);
     td_wsync *ws = b->ws;
     pthread_mutex_lock(&ws->mu);
     expire_locked(ws);
@@ -591,6 +630,7 @@ void td_wsync_bucket_write(td_wsync_bucket *b, const void *data, size_t n) {
         if (b->phase == P_LEN) {
             size_t k = 8 - (size_t)b->have < n ? 8 - (size_t)b->have : n;
             memcpy(b->lenbuf + b->have, p, k);
+            XXH64_update(b->xs, b->lenbuf + b->have, k);
             b->have += k, p += k, n -= k;
             if (b->have < 8) break;
             uint64_t hl = 0;
@@ -612,6 +652,7 @@ void td_wsync_bucket_write(td_wsync_bucket *b, const void *data, size_t n) {
         } else if (b->phase == P_HDR) {
             size_t k = b->hdr_len - b->have < n ? (size_t)(b->hdr_len - b->have) : n;
             memcpy(b->hdr + b->have, p, k);
+            XXH64_update(b->xs, b->hdr + b->have, k);
             b->have += k, p += k, n -= k;
             if (b->have < b->hdr_len) break;
             parse_header(b);
@@ -623,13 +664,45 @@ void td_wsync_bucket_write(td_wsync_bucket *b, const void *data, size_t n) {
         return;
     }
             const ent *e = &b->ents[b->cur];
-            const wt *t = &ws->t[e->ti];
             size_t k = e->e - b->pos < n ? (size_t)(e->e - b->pos) : n;
-            memcpy(ws->staging + t->off + (b->pos - e->b), p, k);
-            b->pos += k, p += k, n -= k;
-            if (b->pos == e->e) b->cur++;
+            if (k > LAND_CHUNK) k = LAND_CHUNK;
+            land(b, p, k);
+            p += k, n -= k;
         }
     }
+}
+
+// Copies k bytes of the current tensor's data to its place in staging, then, while they are in
+// cache, adds them to the bucket's XXH64 and the tensor's content hash and checks whole values for
+// finiteness: one pass over memory per byte. The hashes are of the staged bytes, so what is
+// committed is what was checked even if the source changes meanwhile (a shared-memory file).
+static void land(td_wsync_bucket *b, const uint8_t *src, size_t k) {
+    td_wsync *ws = b->ws;
+    const ent *e = &b->ents[b->cur];
+    const wt *t = &ws->t[e->ti];
+    const uint64_t at = b->pos - e->b;  // bytes of this tensor before these
+    uint8_t *dst = ws->staging + t->off + at;
+    if (at == 0) {
+        XXH64_reset(b->ts, 0);
+        XXH64_update(b->ts, t->name, strlen(t->name));
+        b->fin_done = 0;
+    }
+    memcpy(dst, src, k);
+    XXH64_update(b->xs, dst, k);
+    XXH64_update(b->ts, dst, k);
+    const uint64_t whole = (at + k) / ws->elsize * ws->elsize;  // a body chunk may end mid-value
+    if (whole > b->fin_done) {
+        int64_t bad = first_nonfinite(ws->staging + t->off + b->fin_done, (int64_t)((whole - b->fin_done) / ws->elsize),
+                                      ws->elsize);
+        if (bad >= 0) {
+            bfail(b, 400, "value %lld of tensor %s is not finite", (long long)(bad + (int64_t)(b->fin_done / ws->elsize)),
+                  t->name);
+            return;
+        }
+        b->fin_done = whole;
+    }
+    b->pos += k;
+    if (b->pos == e->e) b->hs[b->cur++] = XXH64_digest(b->ts);
 }
 
 static void bucket_free(td_wsync_bucket *b) {
@@ -638,8 +711,10 @@ static void bucket_free(td_wsync_bucket *b) {
     if (ws->gen == b->gen && ws->n_open > 0) ws->n_open--;
     pthread_mutex_unlock(&ws->mu);
     XXH64_freeState(b->xs);
+    XXH64_freeState(b->ts);
     free(b->hdr);
     free(b->ents);
+    free(b->hs);
     free(b);
 }
 
@@ -675,14 +750,7 @@ cJSON *td_wsync_bucket_close(td_wsync_bucket *b, td_api_error *e) {
     if (!b->failed && got != b->want_sum)
         bfail(b, 400, "checksum mismatch: X-Tandem-Checksum is %016llx, the XXH64 of the %llu-byte body is %016llx",
               (unsigned long long)b->want_sum, (unsigned long long)b->body_bytes, (unsigned long long)got);
-    uint64_t *hs = b->failed ? NULL : malloc(sizeof *hs * (size_t)b->n_ents);
-    if (!b->failed && !hs) bfail(b, 500, "out of memory");
-    for (int k = 0; !b->failed && k < b->n_ents; k++) {
-        const wt *t = &ws->t[b->ents[k].ti];
-        int64_t bad = first_nonfinite(ws->staging + t->off, t->nelem, ws->elsize);
-        if (bad >= 0) bfail(b, 400, "value %lld of tensor %s is not finite", (long long)bad, t->name);
-        else hs[k] = td_wsync_tensor_hash(t->name, ws->staging + t->off, t->bytes);
-    }
+    const uint64_t *hs = b->hs;  // each tensor's, computed as its bytes landed
     cJSON *j = NULL;
     if (!b->failed) {
         pthread_mutex_lock(&ws->mu);
@@ -694,12 +762,12 @@ cJSON *td_wsync_bucket_close(td_wsync_bucket *b, td_api_error *e) {
             }
             ws->bstate[b->index] = T_RECEIVED;
             ws->sess_bytes += b->body_bytes;
+            ws->sess_shm += b->shm;
             ws->t_last = td_now();
         }
         pthread_mutex_unlock(&ws->mu);
         if (!live) bfail(b, 409, "the session ended meanwhile: %s", ws->end_reason);
     }
-    free(hs);
     if (b->failed) {
         *e = b->err;
         if (e->http_status == 409) e->type = "ConflictError";
@@ -711,6 +779,138 @@ cJSON *td_wsync_bucket_close(td_wsync_bucket *b, td_api_error *e) {
     }
     bucket_free(b);
     return j;
+}
+
+// ---- shared-memory buckets -------------------------------------------------------------------
+
+// A client that shrinks its file while the server reads the mapping would raise SIGBUS: the
+// handler turns a fault inside the range being read, on the thread reading it, into a failed
+// bucket; any other SIGBUS gets the previous disposition.
+static __thread sigjmp_buf *bus_jmp;
+static __thread const uint8_t *bus_lo, *bus_hi;
+static struct sigaction bus_old;
+static pthread_once_t bus_once = PTHREAD_ONCE_INIT;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc) {
+    const uint8_t *a = si ? (const uint8_t *)si->si_addr : NULL;
+    if (bus_jmp && a >= bus_lo && a < bus_hi) siglongjmp(*bus_jmp, 1);
+    sigaction(SIGBUS, &bus_old, NULL);  // not ours: returning re-faults under the old disposition
+    if (bus_old.sa_flags & SA_SIGINFO) {
+        if (bus_old.sa_sigaction) bus_old.sa_sigaction(sig, si, uc);
+    } else if (bus_old.sa_handler != SIG_DFL && bus_old.sa_handler != SIG_IGN) {
+        bus_old.sa_handler(sig);
+    }
+}
+
+static void bus_install(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &bus_old);
+}
+
+static bool shm_name_ok(const char *path) {
+    const size_t pl = strlen(TD_WSYNC_SHM_PREFIX);
+    if (strncmp(path, TD_WSYNC_SHM_PREFIX, pl) != 0 || !path[pl] || strlen(path) > 200) return false;
+    for (const char *c = path + pl; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-' ||
+              *c == '_' || *c == '.'))
+            return false;
+    return true;
+}
+
+static bool parse_u64(const char *s, uint64_t *out) {
+    if (!s || !*s) return false;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9' || v > (UINT64_MAX - 9) / 10) return false;
+        v = v * 10 + (uint64_t)(*s - '0');
+    }
+    *out = v;
+    return true;
+}
+
+// Maps path (cached: see td_wsync.shm) and checks that [off, off + len) lies in the file.
+static bool shm_map(td_wsync_bucket *b, const char *path, uint64_t off, uint64_t len) {
+    td_wsync *ws = b->ws;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        bfail(b, 400, "X-Tandem-Shm: cannot open %s: %s (is the client on this host?)", path, strerror(errno));
+        return false;
+    }
+    struct stat st, cst;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        bfail(b, 400, "X-Tandem-Shm: %s is not a regular file", path);
+        close(fd);
+        return false;
+    }
+    if (!ws->fault_shm_size && ((uint64_t)st.st_size < off || (uint64_t)st.st_size - off < len)) {
+        bfail(b, 400, "X-Tandem-Shm: %s is %lld bytes, the bucket is bytes [%llu, %llu) of it: the file is too short",
+              path, (long long)st.st_size, (unsigned long long)off, (unsigned long long)(off + len));
+        close(fd);
+        return false;
+    }
+    bool same = ws->shm.fd >= 0 && fstat(ws->shm.fd, &cst) == 0 && cst.st_dev == st.st_dev && cst.st_ino == st.st_ino &&
+                ws->shm.len >= off + len;
+    if (same) {
+        close(fd);
+        return true;
+    }
+    shm_drop(ws);
+    void *m = st.st_size ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (m == MAP_FAILED) {
+        bfail(b, 400, "X-Tandem-Shm: cannot map %s (%lld bytes): %s", path, (long long)st.st_size, strerror(errno));
+        close(fd);
+        return false;
+    }
+    ws->shm.fd = fd, ws->shm.map = m, ws->shm.len = (size_t)st.st_size;
+    return true;
+}
+
+// Feeds the mapped blob to the parser; false when the mapping faulted (the file shrank).
+static __attribute__((noinline)) bool shm_read(td_wsync_bucket *b, const uint8_t *src, size_t len) {
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        bus_jmp = NULL;
+        return false;
+    }
+    bus_lo = src, bus_hi = src + len;
+    bus_jmp = &jb;
+    td_wsync_bucket_write(b, src, len);
+    bus_jmp = NULL;
+    return true;
+}
+
+td_wsync_bucket *td_wsync_bucket_open_shm(td_wsync *ws, const char *session, const char *index, const char *checksum,
+                                          const char *path, const char *offset, const char *length,
+                                          long long content_length, td_api_error *e) {
+    uint64_t off = 0, len = 0;
+    bool nums = parse_u64(offset, &off) && parse_u64(length, &len);
+    td_wsync_bucket *b = td_wsync_bucket_open(ws, session, index, checksum, nums ? (long long)len : -1, e);
+    if (!b) return NULL;
+    if (!ws->p.shm)
+        bfail(b, 400, "X-Tandem-Shm: shared-memory buckets are disabled on this server (start it with "
+                      "--weight-sync-shm, or send the bucket as the body)");
+    else if (!nums)
+        bfail(b, 400, "X-Tandem-Shm needs X-Tandem-Shm-Offset and X-Tandem-Shm-Length (decimal bytes), got '%.30s' "
+                      "and '%.30s'",
+              offset ? offset : "", length ? length : "");
+    else if (content_length > 0)
+        bfail(b, 400, "X-Tandem-Shm: a shared-memory bucket has no body (this request has %lld bytes)", content_length);
+    else if (!shm_name_ok(path))
+        bfail(b, 400, "X-Tandem-Shm: '%.200s' is not a file " TD_WSYNC_SHM_PREFIX "NAME (NAME: letters, digits, "
+                      "'-', '_', '.')",
+              path);
+    if (b->failed || !shm_map(b, path, off, len)) return b;
+    pthread_once(&bus_once, bus_install);
+    b->shm = true;
+    if (!shm_read(b, ws->shm.map + off, (size_t)len)) {
+        shm_drop(ws);
+        bfail(b, 400, "X-Tandem-Shm: %s shrank while the bucket was read", path);
+    }
+    return b;
 }
 
 void td_wsync_bucket_cancel(td_wsync_bucket *b) {
@@ -826,8 +1026,9 @@ cJSON *td_wsync_commit_run(td_wsync *ws, td_api_error *e) {
         cJSON_AddNumberToObject(j, "session_seconds", total);
         cJSON_AddNumberToObject(j, "bytes", (double)ws->sess_bytes);
         end_session_locked(ws, true, "committed as version %llu", (unsigned long long)version);
-        TD_LOGI("weight sync: version %llu applied (%.1f MB in %.3f s, the update %.3f s)", (unsigned long long)version,
-                ws->sess_bytes / 1e6, total, t1 - t0);
+        TD_LOGI("weight sync: version %llu applied (%.1f MB in %d buckets, %d through shared memory, in %.3f s, the "
+                "update %.3f s)",
+                (unsigned long long)version, ws->sess_bytes / 1e6, ws->n_buckets, ws->sess_shm, total, t1 - t0);
     } else {
         if (st == TD_ERR_TIMEOUT) ws->fence_needed = true;
         td_api_fail(e, st == TD_ERR_TIMEOUT ? 504 : st == TD_ERR_LIMIT ? 503 : 500, NULL,

@@ -1,9 +1,10 @@
 // Weight sync into a running server (docs/server.md, "Weight sync"): the staging area for one full
 // set of weights in the wire dtype, allocated once; the session state machine (begin, buckets,
-// commit, abort, idle expiry); the streaming parser of a bucket (one safetensors blob written
-// straight into staging while its XXH64 is computed); and the commit, which hands the staged
-// tensors to the engine through a callback. Not here: HTTP (server.c routes requests to these
-// calls), the engine (cmd_serve.c supplies the callbacks), the client (rl/push.h).
+// commit, abort, idle expiry); the streaming parser of a bucket (one safetensors blob, from an
+// HTTP body or a shared-memory file, written straight into staging while its XXH64 is computed);
+// and the commit, which hands the staged tensors to the engine through a callback. Not here: HTTP
+// (server.c routes requests to these calls), the engine (cmd_serve.c supplies the callbacks),
+// the client (rl/push.h).
 //
 // Threads: every call but td_wsync_commit_run comes from the server's one MHD thread;
 // td_wsync_commit_run runs on a thread of its own while the session is COMMITTING (buckets are
@@ -60,6 +61,8 @@ typedef struct td_wsync_params {
     size_t max_bucket_bytes;     // one bucket's body, bytes (default 256 MiB)
     int session_timeout_s;       // a session with no traffic this long expires (default 60); also
                                  //   the deadline of the engine update at commit
+    bool shm;                    // accept buckets by reference to a shared-memory file
+                                 //   (td_wsync_bucket_open_shm; default false)
     td_wsync_engine engine;
 } td_wsync_params;
 
@@ -76,7 +79,7 @@ void td_wsync_free(td_wsync *ws);
 size_t td_wsync_max_bucket_bytes(const td_wsync *ws);
 
 // GET /v1/weights: {version, checksum (16 hex, or null before the first sync), dtype, tensors,
-// bytes, max_bucket_bytes, syncing}. NULL when out of memory.
+// bytes, max_bucket_bytes, syncing, shm (shared-memory buckets accepted)}. NULL when out of memory.
 cJSON *td_wsync_info_json(td_wsync *ws);
 // GET /v1/weights/tensors: {dtype, tensors: [{name, shape}]} in the order clients should send.
 cJSON *td_wsync_tensors_json(td_wsync *ws);
@@ -99,6 +102,20 @@ typedef struct td_wsync_bucket td_wsync_bucket;
 td_wsync_bucket *td_wsync_bucket_open(td_wsync *ws, const char *session, const char *index, const char *checksum,
                                       long long content_length, td_api_error *e);
 void td_wsync_bucket_write(td_wsync_bucket *b, const void *data, size_t n);
+
+// Same host: the request has no body; headers X-Tandem-Shm: PATH, X-Tandem-Shm-Offset and
+// X-Tandem-Shm-Length (decimal bytes) say where the same safetensors blob lies. PATH must be
+// TD_WSYNC_SHM_PREFIX followed by letters, digits, '-', '_', '.' (no '/'), a regular file long
+// enough, opened without following links. The blob is read from a read-only mapping into staging
+// and checked exactly as a body (checksum: its XXH64, as X-Tandem-Checksum); a bad reference or a
+// file that shrinks meanwhile (SIGBUS, caught on this thread) fails the bucket, 400 naming
+// X-Tandem-Shm, and aborts the session. Refused (400) unless params.shm. Returns what
+// td_wsync_bucket_open does; a returned bucket has already been read (it may carry an error):
+// close it as usual. The file stays mapped for the next bucket (see wsync.c).
+#define TD_WSYNC_SHM_PREFIX "/dev/shm/tandem-"
+td_wsync_bucket *td_wsync_bucket_open_shm(td_wsync *ws, const char *session, const char *index, const char *checksum,
+                                          const char *path, const char *offset, const char *length,
+                                          long long content_length, td_api_error *e);
 // The body has ended: checks it (length, checksum) and records its tensors. Frees b. Returns the
 // answer {received, tensors, bytes} or NULL with *e set.
 cJSON *td_wsync_bucket_close(td_wsync_bucket *b, td_api_error *e);

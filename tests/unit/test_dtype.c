@@ -68,5 +68,29 @@ int main(void) {
                   "q4_0 element %d", b * 32 + j);
     }
     CHECK(td_row_bytes(TD_Q4_0, 64) == 36 && td_row_bytes(TD_Q8_0, 33) == 0, "row bytes");
+    {  // td_from_f32 to bf16 (vectorized where the CPU allows) equals td_f32_to_bf16 bit for bit:
+       // random bit patterns (NaNs, infinities, denormals, ties included), awkward lengths
+        enum { M = 1000 };
+        uint32_t bits[M];
+        uint64_t z = 0x9e3779b97f4a7c15ull;
+        for (int i = 0; i < M; i++) {
+            z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+            bits[i] = (uint32_t)(z >> 16);
+            if (i % 7 == 0) bits[i] = (bits[i] & 0xffff0000u) | 0x8000u;  // a tie
+            if (i % 11 == 0) bits[i] |= 0x7f800000u;                    // inf or NaN
+            if (i % 13 == 0) bits[i] &= 0x807fffffu;                    // a denormal or zero
+        }
+        float f[M];
+        memcpy(f, bits, sizeof f);
+        uint16_t got[M];
+        long bad16 = 0;
+        const int lens[] = {1, 15, 16, 17, 31, 33, 999, 1000};
+        for (size_t l = 0; l < sizeof lens / sizeof *lens; l++) {
+            memset(got, 0, sizeof got);
+            td_from_f32(TD_BF16, f + (M - lens[l]), got, lens[l]);  // unaligned starts too
+            for (int i = 0; i < lens[l]; i++) bad16 += got[i] != td_f32_to_bf16(f[M - lens[l] + i]);
+        }
+        CHECK(bad16 == 0, "%ld td_from_f32 bf16 mismatches against td_f32_to_bf16", bad16);
+    }
     TEST_DONE();
 }

@@ -222,7 +222,7 @@ static void launch_spec(td_rl_remote_launch *l, int port) {
     g_argv[n++] = "32";
     g_argv[n++] = "--served-model-name";
     g_argv[n++] = "m";
-    if (g_wsync) g_argv[n++] = "--enable-weight-sync";
+    if (g_wsync) g_argv[n++] = "--enable-weight-sync", g_argv[n++] = "--weight-sync-shm";  // same host: shared memory
     if (g_api_key) {
         g_argv[n++] = "--api-key";
         g_argv[n++] = g_api_key;
@@ -231,6 +231,7 @@ static void launch_spec(td_rl_remote_launch *l, int port) {
     l->argv = g_argv;
     l->port = port;
     l->log_path = "/tmp/tandem_test_rl_remote.log";
+    l->shm = g_wsync;
 }
 
 static td_rl_remote_params pool_params(void) {

@@ -16,7 +16,9 @@
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -158,6 +160,37 @@ static resp http(int port, const char *method, const char *path, const char *key
     return r;
 }
 
+// A bucket by shared-memory reference: POST with the X-Tandem-Shm headers (any NULL is left out)
+// and an optional body.
+static resp shm_bucket(int port, const char *sid, int index, const char *file, const char *off, const char *len,
+                       const char *sum, const void *body, size_t blen) {
+    resp r = {0};
+    CURL *c = curl_easy_init();
+    char url[512], h1[256], h2[300], h3[100], h4[100], h5[100];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/weights/bucket?session=%s&index=%d", port, sid, index);
+    struct curl_slist *h = curl_slist_append(NULL, "Expect:");
+    snprintf(h1, sizeof h1, "Authorization: Bearer %s", KEY);
+    h = curl_slist_append(h, h1);
+    if (file) snprintf(h2, sizeof h2, "X-Tandem-Shm: %s", file), h = curl_slist_append(h, h2);
+    if (off) snprintf(h3, sizeof h3, "X-Tandem-Shm-Offset: %s", off), h = curl_slist_append(h, h3);
+    if (len) snprintf(h4, sizeof h4, "X-Tandem-Shm-Length: %s", len), h = curl_slist_append(h, h4);
+    if (sum) snprintf(h5, sizeof h5, "X-Tandem-Checksum: %s", sum), h = curl_slist_append(h, h5);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 20000L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, collect);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_POST, 1L);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body ? body : "");
+    curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(body ? blen : 0));
+    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    if (!r.body) r.body = calloc(1, 1);
+    return r;
+}
+
 static bool has(const resp *r, const char *s) { return r->body && strstr(r->body, s); }
 
 static cJSON *json_of(const resp *r) { return cJSON_ParseWithLength(r->body, r->len); }
@@ -291,6 +324,40 @@ static void bad_bucket(int port, const char *what, blob *b, size_t len, const ch
     free(r.body);
 }
 
+// A client that shrinks and regrows its file while the server may be reading it.
+typedef struct shaker {
+    int fd;
+    size_t len;
+    const uint8_t *blob;
+    volatile int stop;
+    long flips;
+} shaker;
+
+static void *shake(void *arg) {
+    shaker *k = arg;
+    while (!k->stop) {
+        if (ftruncate(k->fd, 0) != 0) break;
+        if (ftruncate(k->fd, (off_t)k->len) != 0 || pwrite(k->fd, k->blob, k->len, 0) != (ssize_t)k->len) break;
+        k->flips++;
+    }
+    return NULL;
+}
+
+// One refused shared-memory reference: begin, send, expect status and message, session gone.
+static void bad_shm(int port, const char *what, const char *file, const char *off, const char *len, const char *sum,
+                    const void *body, size_t blen, const char *msg) {
+    char sid[64];
+    begin(port, 2, sid, sizeof sid);
+    CHECK(sid[0], "%s: begin", what);
+    resp r = shm_bucket(port, sid, 0, file, off, len, sum, body, blen);
+    CHECK(r.status == 400 && has(&r, msg) && has(&r, "nothing was applied"), "%s: HTTP %ld '%s' (want 400 '%s')", what,
+          r.status, r.body, msg);
+    free(r.body);
+    r = post_sid(port, "commit", sid);
+    CHECK(r.status == 404 && has(&r, "has ended"), "%s: the session is over: %ld %s", what, r.status, r.body);
+    free(r.body);
+}
+
 // ---- the checkpoint's content checksum, computed independently of the server and the client ----
 
 static uint64_t ckpt_checksum(const char *path, const td_model_config *cfg) {
@@ -357,7 +424,8 @@ int main(void) {
     if (td_test_failed) TEST_DONE();
 
     server A = {0}, B = {0};
-    const char *a_extra[] = {"--enable-weight-sync", "--api-key", KEY, "--weight-sync-timeout", "2", NULL};
+    const char *a_extra[] = {"--enable-weight-sync", "--api-key", KEY, "--weight-sync-timeout", "2", "--weight-sync-shm",
+                             NULL};
     CHECK(start_server(bin, ref, a_extra, &A), "server A (weight sync) started");
     CHECK(start_server(bin, exp, NULL, &B), "server B (the checkpoint) started");
     if (td_test_failed) {
@@ -500,6 +568,92 @@ int main(void) {
         CHECK(r.status == 400 && has(&r, "n_buckets must be an integer"), "n_buckets 0: %ld %s", r.status, r.body);
         free(r.body);
     }
+    {  // shared-memory references: the good one is taken, each bad one refused with its reason
+        char shm[128], lens[32], offs[32];
+        snprintf(shm, sizeof shm, "/dev/shm/tandem-test-%d", (int)getpid());
+        FILE *sf = fopen(shm, "wb");
+        CHECK(sf && fwrite("pad!", 1, 4, sf) == 4 && fwrite(good.p, 1, good.len, sf) == good.len, "write %s", shm);
+        if (sf) fclose(sf);
+        snprintf(lens, sizeof lens, "%zu", good.len);
+        char sid[64];
+        begin(A.port, 2, sid, sizeof sid);
+        r = shm_bucket(A.port, sid, 0, shm, "4", lens, good.sum, NULL, 0);
+        CHECK(r.status == 200 && has(&r, "\"tensors\":2"), "a good shared-memory bucket: %ld %s", r.status, r.body);
+        free(r.body);
+        r = post_sid(A.port, "abort", sid);
+        free(r.body);
+        bad_shm(A.port, "outside the prefix", "/tmp/tandem-x", "0", lens, good.sum, NULL, 0,
+                "is not a file /dev/shm/tandem-NAME");
+        bad_shm(A.port, "a path out of /dev/shm", "/dev/shm/tandem-../../etc/passwd", "0", "10", good.sum, NULL, 0,
+                "is not a file /dev/shm/tandem-NAME");
+        bad_shm(A.port, "a missing file", "/dev/shm/tandem-test-missing-file", "0", lens, good.sum, NULL, 0,
+                "X-Tandem-Shm: cannot open /dev/shm/tandem-test-missing-file");
+        snprintf(offs, sizeof offs, "%d", 5);  // one byte past the blob's start: the file is a byte short
+        bad_shm(A.port, "a short file", shm, offs, lens, good.sum, NULL, 0, "the file is too short");
+        bad_shm(A.port, "a checksum mismatch", shm, "4", lens, "0123456789abcdef", NULL, 0, "checksum mismatch");
+        bad_shm(A.port, "no length", shm, "4", NULL, good.sum, NULL, 0, "needs X-Tandem-Shm-Offset and X-Tandem-Shm-Length");
+        bad_shm(A.port, "a body as well", shm, "4", lens, good.sum, "xyz", 3, "a shared-memory bucket has no body");
+        snprintf(lens, sizeof lens, "%zu", good.len - 100);  // the blob cut: its checksum would not even matter
+        bad_shm(A.port, "a truncated blob", shm, "4", lens, good.sum, NULL, 0, "truncated safetensors blob");
+        // The file shrinking under the server's reads: each bucket is taken or refused (a short
+        // file, a fault caught as "shrank", or zeros where the blob was), never a crash
+        int fd = open(shm, O_RDWR);
+        shaker k = {.fd = fd, .len = good.len, .blob = good.p};
+        pthread_t th;
+        CHECK(fd >= 0 && pthread_create(&th, NULL, shake, &k) == 0, "start the shaker");
+        snprintf(lens, sizeof lens, "%zu", good.len);
+        int took = 0, refused = 0, odd = 0;
+        for (int i = 0; fd >= 0 && i < 60; i++) {
+            begin(A.port, 2, sid, sizeof sid);
+            r = shm_bucket(A.port, sid, 0, shm, "0", lens, good.sum, NULL, 0);
+            if (r.status == 200) took++;
+            else if (r.status == 400 && has(&r, "nothing was applied")) refused++;
+            else odd++, printf("shaken bucket: %ld %s\n", r.status, r.body);
+            free(r.body);
+            r = post_sid(A.port, "abort", sid);
+            free(r.body);
+        }
+        k.stop = 1;
+        if (fd >= 0) pthread_join(th, NULL), close(fd);
+        printf("a shrinking file: %d buckets taken, %d refused, %ld truncations\n", took, refused, k.flips);
+        CHECK(odd == 0 && took + refused == 60, "every shaken bucket was answered 200 or 400 (%d odd)", odd);
+        r = http(A.port, "GET", "/health", NULL, NULL, 0, NULL);
+        CHECK(r.status == 200, "the server survived the shrinking file: %ld", r.status);
+        free(r.body);
+
+        // The fault itself, deterministically: server E skips the size check (fault injection),
+        // so a file cut after E mapped it faults inside the copy; the SIGBUS becomes a 400
+        server E = {0};
+        const char *e_extra[] = {"--enable-weight-sync", "--api-key", KEY, "--weight-sync-shm", NULL};
+        setenv("TANDEM_WSYNC_FAULT", "shm-size", 1);
+        CHECK(start_server(bin, ref, e_extra, &E), "server E (fault injection) started");
+        unsetenv("TANDEM_WSYNC_FAULT");
+        fd = open(shm, O_RDWR | O_TRUNC);
+        CHECK(fd >= 0 && pwrite(fd, good.p, good.len, 0) == (ssize_t)good.len, "rewrite %s", shm);
+        begin(E.port, 2, sid, sizeof sid);
+        r = shm_bucket(E.port, sid, 0, shm, "0", lens, good.sum, NULL, 0);
+        CHECK(r.status == 200, "E takes the whole file: %ld %s", r.status, r.body);
+        free(r.body);
+        r = post_sid(E.port, "abort", sid);
+        free(r.body);
+        CHECK(fd >= 0 && ftruncate(fd, 4096) == 0, "cut the file to one page");
+        begin(E.port, 2, sid, sizeof sid);
+        r = shm_bucket(E.port, sid, 0, shm, "0", lens, good.sum, NULL, 0);
+        CHECK(r.status == 400 && has(&r, "shrank while the bucket was read") && has(&r, "nothing was applied"),
+              "a file cut under the mapping: %ld %s", r.status, r.body);
+        free(r.body);
+        CHECK(fd >= 0 && pwrite(fd, good.p, good.len, 0) == (ssize_t)good.len, "restore %s", shm);
+        begin(E.port, 2, sid, sizeof sid);
+        r = shm_bucket(E.port, sid, 0, shm, "0", lens, good.sum, NULL, 0);
+        CHECK(r.status == 200, "E maps the file again and takes it: %ld %s", r.status, r.body);
+        free(r.body);
+        r = post_sid(E.port, "abort", sid);
+        free(r.body);
+        CHECK(weights_version(E.port, NULL, 0) == 0, "E kept its weights");
+        CHECK(stop_server(&E) == 0, "server E exits 0");
+        if (fd >= 0) close(fd);
+        unlink(shm);
+    }
     free(good.p);
     CHECK(weights_version(A.port, ck, sizeof ck) == 0, "still version 0 after the refused syncs");
     CHECK(logprobs(A.port, KEY, lp, 64) == n && max_diff(lp, lpA0, n) == 0,
@@ -571,7 +725,6 @@ int main(void) {
     printf("after the push: max |A - B| = %.3g over %d log-probabilities (before: %.3g)\n", max_diff(lp, lpB, n), n,
            max_diff(lpA0, lpB, n));
     td_pusher_free(pu);
-    td_ckpt_close(cko);
 
     // ---- the CLI: one bucket, the same content checksum; get; another config refused ----
     snprintf(cmd, sizeof cmd, "%s weights push http://127.0.0.1:%d %s --api-key %s --timeout 20 2>/dev/null", bin,
@@ -599,15 +752,46 @@ int main(void) {
     CHECK(logprobs(A.port, KEY, lp, 64) == n && max_diff(lp, lpB, n) <= 1e-5, "still B's weights (%.3g)",
           max_diff(lp, lpB, n));
 
+    // ---- the same through shared memory: the reference model back (A's first log-probabilities,
+    // bit for bit), then the checkpoint again (what the body pushes gave, bit for bit) ----
+    {
+        double lp_body[64];
+        memcpy(lp_body, lp, sizeof lp_body);
+        pp = td_pusher_default_params();
+        pp.url = url;
+        pp.api_key = KEY;
+        pp.timeout_ms = 20000;
+        pp.bucket_bytes = 64 << 10;
+        pp.shm = true;
+        CHECK(td_pusher_create(&pp, &pu, &err) == TD_OK, "shm pusher: %s", err.msg);
+        td_push_result rs = {0};
+        st = td_pusher_push(pu, &m->cfg, td_export_model_get, m, &rs, &err);
+        CHECK(st == TD_OK && rs.shm && rs.version == 3 && rs.n_buckets > 4, "shm push of the reference: %s (shm %d, v %llu)",
+              err.msg, rs.shm, (unsigned long long)rs.version);
+        CHECK(logprobs(A.port, KEY, lp, 64) == n && max_diff(lp, lpA0, n) == 0,
+              "the reference's weights again, bit for bit (%.3g)", max_diff(lp, lpA0, n));
+        st = td_pusher_push(pu, &ccfg, td_train_ckpt_get, cko, &rs, &err);
+        CHECK(st == TD_OK && rs.shm && rs.version == 4 && rs.checksum == want_sum, "shm push of the checkpoint: %s", err.msg);
+        CHECK(weights_version(A.port, ck, sizeof ck) == 4 && !strcmp(ck, want_hex), "GET after shm: version 4, %s", ck);
+        CHECK(logprobs(A.port, KEY, lp, 64) == n && max_diff(lp, lp_body, n) == 0,
+              "the shm push serves what the body push did, bit for bit (%.3g)", max_diff(lp, lp_body, n));
+        td_ckpt_close(cko);
+        td_pusher_free(pu);
+        snprintf(cmd, sizeof cmd, "ls /dev/shm/ 2>/dev/null | grep -c '^tandem-push-%d-' || true", (int)getpid());
+        out = td_test_run(cmd, &rc);
+        CHECK(out && atoi(out) == 0, "td_pusher_free removed its shared-memory file: %s", out ? out : "");
+        free(out);
+    }
+
     // ---- metrics ----
     r = http(A.port, "GET", "/metrics", KEY, NULL, 0, NULL);
-    CHECK(r.status == 200 && has(&r, "tandem_weights_version{model_name=\"llama2\"} 2\n") &&
-              has(&r, "tandem_weight_syncs_total{model_name=\"llama2\",result=\"ok\"} 2\n") &&
-              has(&r, "tandem_weight_sync_seconds_count{model_name=\"llama2\"} 2\n") &&
+    CHECK(r.status == 200 && has(&r, "tandem_weights_version{model_name=\"llama2\"} 4\n") &&
+              has(&r, "tandem_weight_syncs_total{model_name=\"llama2\",result=\"ok\"} 4\n") &&
+              has(&r, "tandem_weight_sync_seconds_count{model_name=\"llama2\"} 4\n") &&
               has(&r, "# TYPE tandem_weight_sync_bytes_total counter"),
           "metrics: %s", r.body);
     const char *fl = strstr(r.body, "result=\"failed\"} ");
-    CHECK(fl && atoi(fl + strlen("result=\"failed\"} ")) >= 12, "failed syncs counted: %s", fl ? fl : "(none)");
+    CHECK(fl && atoi(fl + strlen("result=\"failed\"} ")) >= 20, "failed syncs counted: %s", fl ? fl : "(none)");
     free(r.body);
 
     // ---- a bf16 wire into a bf16 model (the engine's typed path: staged bytes copied as they are) ----
@@ -624,10 +808,22 @@ int main(void) {
     double lpC0[64], lpD[64];
     CHECK(logprobs(C.port, KEY, lpC0, 64) == n && logprobs(D.port, NULL, lpD, 64) == n, "logprobs of C and D");
     CHECK(max_diff(lpC0, lpD, n) > 1e-3, "C and D differ before the push (%.3g)", max_diff(lpC0, lpD, n));
-    snprintf(cmd, sizeof cmd, "%s weights push http://127.0.0.1:%d %s --api-key %s --bucket-mb 1 2>/dev/null", bin,
+    {  // C runs without --weight-sync-shm: a reference is refused, naming the flag
+        char sid[64];
+        begin(C.port, 1, sid, sizeof sid);
+        r = shm_bucket(C.port, sid, 0, "/dev/shm/tandem-anything", "0", "100", "0123456789abcdef", NULL, 0);
+        CHECK(r.status == 400 && has(&r, "shared-memory buckets are disabled on this server (start it with "
+                                         "--weight-sync-shm"),
+              "shm on a server without it: %ld %s", r.status, r.body);
+        free(r.body);
+    }
+    // C runs without --weight-sync-shm: --shm falls back to bodies, saying so
+    snprintf(cmd, sizeof cmd, "%s weights push http://127.0.0.1:%d %s --api-key %s --bucket-mb 1 --shm 2>&1", bin,
              C.port, ckpt, KEY);
     out = td_test_run(cmd, &rc);
-    CHECK(rc == 0 && out && strstr(out, "\"version\": 1"), "push in bf16: %d %s", rc, out ? out : "");
+    CHECK(rc == 0 && out && strstr(out, "\"version\": 1") && strstr(out, "\"shm\": false") &&
+              strstr(out, "does not take shared-memory buckets (start it with --weight-sync-shm)"),
+          "push in bf16, --shm falling back to bodies: %d %s", rc, out ? out : "");
     free(out);
     resp w = http(C.port, "GET", "/v1/weights", KEY, NULL, 0, NULL);
     CHECK(has(&w, "\"dtype\":\"bf16\"") && has(&w, "\"bytes\":287360"), "C stages bf16: %s", w.body);

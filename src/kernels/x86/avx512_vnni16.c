@@ -97,7 +97,10 @@ static void pack_q4k(const td_tensor *w, uint8_t *dst, int64_t r0, int64_t r1) {
 // padded with 0) the 16 rows' pairs, 64 bytes.
 static void pack_bf16(const td_tensor *w, uint32_t *dst, long g0, long g1) {
     const int64_t n_out = w->ne[0], n_in = w->ne[1], np = (n_in + 1) / 2;
-    memset(dst + (size_t)g0 * (size_t)np * GROUP, 0, (size_t)(g1 - g0) * (size_t)np * 64);
+    // Every slot of a full group is written below (an odd row's last pair as a whole uint32, its
+    // pad 0): only a last group with fewer than 16 rows has slots to clear. Clearing all of dst
+    // first was a second pass over the packed copy (a weight sync repacks ~1 GB).
+    if (g1 > g0 && g1 * GROUP > n_out) memset(dst + (size_t)(g1 - 1) * (size_t)np * GROUP, 0, (size_t)np * 64);
     const int64_t r1 = g1 * GROUP < n_out ? g1 * GROUP : n_out;
     for (int64_t r = g0 * GROUP; r < r1; r++) {
         const uint16_t *row = (const uint16_t *)w->data + (size_t)r * (size_t)n_in;
