@@ -9,6 +9,11 @@
 // per rank the fold order differs from one rank's ((g_0 + g_1) + (g_2 + g_3) vs ((g_0 + g_1) + g_2)
 // + g_3): f32 reassociation of a few terms, so weights after the steps agree to 1e-5 (a tenth of an
 // update at lr 1e-3 ... measured ~1e-7). ZeRO's memory: the optimizer state is the shard's.
+// ZeRO-2's gradient ring (grad_ring): the same bits as one rank (N = 2, 3, 4, tied and untied,
+// rings of 1 and 2, BF16, through td_trainer_step_with too) and, at 2 micro-batches per rank, as
+// ZeRO-2 through the full-size buffer; the model's gradient buffer freed and given back; the
+// gradient bytes equal to the formula and shrinking with N; the default taking the ring only where
+// it is smaller; a stalled peer failing the ring's wait at the deadline.
 // The same equivalence over MPI processes: test_train_mpi.
 #include <math.h>
 #include <pthread.h>
@@ -51,6 +56,7 @@ typedef struct run {
     int world, rank, zero, accum, bf16;  // accum: micro-batches per rank per step
     int ring, tied;                      // td_trainer_params.grad_ring; tied embeddings
     int stall_ms;                        // > 0: rank 1 sleeps this long before its first backward
+    int with;                            // 1: steps through td_trainer_step_with (RL's entry)
     int timeout_ms;                      // > 0: the communicator's deadline
     int bad_rank;                        // >= 0: that rank's step 1 has an out-of-range token
     size_t bucket;
@@ -75,7 +81,7 @@ typedef struct stall_micro {
 static td_status stall_fn(void *ctx, int k, td_tmodel *tm, float dscale, double *loss_sum, td_err *err) {
     const stall_micro *x = ctx;
     td_status st = td_tmodel_forward(tm, x->tok + (size_t)k * x->n, x->tgt + (size_t)k * x->n, loss_sum, NULL, err);
-    if (!st && x->r->rank == 1) usleep((useconds_t)x->r->stall_ms * 1000);
+    if (!st && x->r->rank == 1 && x->r->stall_ms > 0) usleep((useconds_t)x->r->stall_ms * 1000);
     return st ? st : td_tmodel_backward(tm, dscale, err);
 }
 
@@ -112,7 +118,7 @@ static void *train(void *arg) {
             }
         if (s == 1 && r->rank == r->bad_rank) tok[3] = 1000;
         td_step_stats ss;
-        if (r->stall_ms > 0) {
+        if (r->stall_ms > 0 || r->with) {
             long count = 0;
             for (int i = 0; i < r->accum * seqs * T; i++) count += tgt[i] >= 0;
             stall_micro x = {r, tok, tgt, (size_t)seqs * T};
@@ -140,7 +146,7 @@ static void free_runs(run *rs, int n) {
 
 // The options of a run beyond world, zero stage and micro-batches per rank.
 typedef struct opts {
-    int bf16, bad_rank, ring, tied, stall_ms, timeout_ms;
+    int bf16, bad_rank, ring, tied, stall_ms, timeout_ms, with;
     size_t bucket;
 } opts;
 
@@ -156,7 +162,7 @@ static bool run_world_opts(run *rs, int world, int zero, int accum, opts o) {
     for (int r = 0; r < world; r++) {
         rs[r] = (run){.world = world, .rank = r, .zero = zero, .accum = accum, .bf16 = o.bf16, .bucket = o.bucket,
                       .comm = comms[r], .bad_rank = o.bad_rank, .ring = o.ring, .tied = o.tied,
-                      .stall_ms = o.stall_ms, .timeout_ms = o.timeout_ms};
+                      .stall_ms = o.stall_ms, .timeout_ms = o.timeout_ms, .with = o.with};
         pthread_create(&th[r], NULL, train, &rs[r]);
     }
     bool ok = true;
@@ -270,11 +276,12 @@ static size_t ring_formula(const td_tmodel *tm, size_t bucket, int world, int ri
 // bits (losses, weights) at N ranks, tied and untied, with 1 and 2 ring buffers; the model holds no
 // gradient buffer while the trainer lives (and has it back after), and the trainer's gradient
 // bytes are the formula's.
-static void test_ring(int world, int tied, int ring, int bf16) {
+static void test_ring(int world, int tied, int ring, int bf16, int with) {
     run one = {0}, many[MAXR] = {0};
     const size_t bucket = 700;
     if (!run_world_opts(&one, 1, 0, world, (opts){.bf16 = bf16, .bucket = bucket, .bad_rank = -1, .tied = tied}) ||
-        !run_world_opts(many, world, 2, 1, (opts){.bf16 = bf16, .bucket = bucket, .bad_rank = -1, .tied = tied, .ring = ring})) {
+        !run_world_opts(many, world, 2, 1,
+                        (opts){.bf16 = bf16, .bucket = bucket, .bad_rank = -1, .tied = tied, .ring = ring, .with = with})) {
         free_runs(&one, 1), free_runs(many, world);
         return;
     }
@@ -287,8 +294,8 @@ static void test_ring(int world, int tied, int ring, int bf16) {
     for (int r = 0; r < world; r++) same_w &= many[r].n == one.n && !memcmp(many[r].weights, one.weights, one.n * sizeof(float));
     const char *what = tied ? "tied" : "untied";
     CHECK(same_loss && norm_ok && same_w,
-          "%d ranks, ZeRO 2, ring of %d, %s%s: losses, norms (1e-12) and weights equal one rank's bit for bit", world, ring,
-          what, bf16 ? ", bf16" : "");
+          "%d ranks, ZeRO 2, ring of %d, %s%s%s: losses, norms (1e-12) and weights equal one rank's bit for bit", world,
+          ring, what, bf16 ? ", bf16" : "", with ? ", td_trainer_step_with" : "");
     // The memory: what is allocated against the formula, on every rank.
     td_tmodel *tm = NULL;
     td_err err = {0};
@@ -416,12 +423,13 @@ int main(void) {
     for (int zero = 0; zero <= 2; zero++) test_accum_per_rank(zero);
     for (int world = 2; world <= 4; world += 2)
         for (int tied = 0; tied <= 1; tied++) {
-            test_ring(world, tied, 1, 0);
-            test_ring(world, tied, 2, 0);
+            test_ring(world, tied, 1, 0, 0);
+            test_ring(world, tied, 2, 0, 0);
             test_ring_accum(world, tied, 2);
         }
-    test_ring(3, 1, 2, 0);
-    test_ring(4, 1, 2, 1);
+    test_ring(3, 1, 2, 0, 0);
+    test_ring(4, 1, 2, 1, 0);
+    test_ring(2, 1, 2, 0, 1);  // the micro-batches through td_trainer_step_with (RL's step)
     test_ring_auto();
     test_ring_timeout();
     test_bad_rank();
