@@ -32,8 +32,10 @@ static void usage(FILE *f) {
         "data parallel (under mpirun -np N; docs/training.md):\n"
         "  --batch is the global batch (divided among the ranks); --accum is per rank\n"
         "  --zero S (0)    0: all-reduce gradients; 1: shard the optimizer state (ZeRO-1);\n"
-        "                  2: also the gradient accumulator (ZeRO-2)\n"
+        "                  2: also the gradients and their accumulator (ZeRO-2)\n"
         "  --bucket-mb X (25)  gradient bucket size: each bucket's reduction overlaps backward\n"
+        "  --grad-ring N (0)  ZeRO-2: backward writes buckets into N bucket-sized buffers instead of a\n"
+        "                  full-size gradient (0: 2 where that is smaller; -1: the full-size one)\n"
         "  --comm-timeout S (300)  seconds any wait on another rank may take before the job fails\n"
         "  --recompute     recompute layer activations in backward (less memory)\n"
         "config:\n"
@@ -224,6 +226,7 @@ static int td_cmd_train_args(int argc, char **argv) {
         INT("--threads", 0, 4096, p.model.n_threads)
         INT("--zero", 0, 2, p.trainer.zero)
         FLT("--bucket-mb", 0.001, 1 << 20, bucket_mb)
+        INT("--grad-ring", -1, TD_TRAINER_MAX_RING, p.trainer.grad_ring)
         FLT("--comm-timeout", 0.001, 1e6, comm_timeout)
         else if (!strcmp(a, "--untied")) p.cfg.tie_embeddings = false;
         else if (!strcmp(a, "--bf16")) p.model.precision = TD_TRAIN_BF16;

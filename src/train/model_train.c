@@ -39,6 +39,8 @@ typedef struct layer_acts {  // one layer's saved activations, [N, *] with N = B
 struct td_tmodel {
     td_tmodel_grad_hook_fn grad_hook;  // td_tmodel_set_grad_hook, or NULL
     void *grad_hook_ctx;
+    td_tmodel_grad_store_fn grad_store;  // td_tmodel_set_grad_store, or NULL: the gradient buffer
+    void *grad_store_ctx;
     size_t *layer_off;  // [L + 1] element offset of layer l's first tensor; [L]: model.norm.weight's
     td_model_config c;
     td_tmodel_params p;
@@ -52,7 +54,7 @@ struct td_tmodel {
     td_tparam *tensors;
     int n_tensors;
     size_t n_params;
-    float *params, *grads;  // [n_params] each
+    float *params, *grads;  // [n_params] each; grads NULL while a grad store is set
     // The backend buffers behind params, grads, wbf, acts and the int32 arrays (tokens .. blk_ids):
     // everything the slots read or write lives in the backend's memory, which the host touches
     // only through td_buffer_set/get/copy/clear (a memcpy on a host backend).
@@ -647,6 +649,7 @@ float *td_tmodel_params_buf(td_tmodel *tm, size_t *n) {
     return tm->params;
 }
 td_buffer *td_tmodel_grads_buffer(td_tmodel *tm) { return tm->b_grads; }
+size_t td_tmodel_grads_bytes(const td_tmodel *tm) { return tm->b_grads ? tm->b_grads->size : 0; }
 float *td_tmodel_grads_buf(td_tmodel *tm, size_t *n) {
     if (n) *n = tm->n_params;
     return tm->grads;
@@ -658,7 +661,9 @@ size_t td_tmodel_activation_bytes(const td_tmodel *tm) {
 }
 const float *td_tmodel_logits(const td_tmodel *tm) { return tm->logits; }
 
-void td_tmodel_zero_grad(td_tmodel *tm) { td_buffer_clear(tm->b_grads, 0); }
+void td_tmodel_zero_grad(td_tmodel *tm) {
+    if (tm->b_grads) td_buffer_clear(tm->b_grads, 0);  // a grad store hands out zeroed storage itself
+}
 
 float *td_tmodel_host_params(td_tmodel *tm, size_t *n) {
     if (n) *n = tm->n_params;
@@ -677,7 +682,10 @@ const float *td_tmodel_host_logits(td_tmodel *tm) {
     return tm->host_logits;
 }
 void td_tmodel_grads_to_host(td_tmodel *tm, float *dst) {
-    td_buffer_get(tm->b_grads, 0, dst, tm->n_params * sizeof(float));
+    if (tm->b_grads)
+        td_buffer_get(tm->b_grads, 0, dst, tm->n_params * sizeof(float));
+    else
+        memset(dst, 0, tm->n_params * sizeof(float));
 }
 
 // ------------------------------------------------------------------ initialisation and loading
@@ -936,7 +944,7 @@ static void layer_backward(td_tmodel *tm, int l, const layer_acts *a) {
 }
 
 // The backward from d loss / d logits already in tm->logits.
-static void backward_rest(td_tmodel *tm);
+static td_status backward_rest(td_tmodel *tm, td_err *err);
 
 td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err) {
     if (!tm || !tm->have_fwd || !tm->have_targets)
@@ -952,8 +960,7 @@ td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err) {
                       .want_grad = 1,
                       .fast = is_bf16(tm)};
     td_backend_xent(tm->be, &x);  // logits -> dlogits
-    backward_rest(tm);
-    return TD_OK;
+    return backward_rest(tm, err);
 }
 
 td_status td_tmodel_backward_from(td_tmodel *tm, const float *dlogits, td_err *err) {
@@ -963,32 +970,98 @@ td_status td_tmodel_backward_from(td_tmodel *tm, const float *dlogits, td_err *e
     const float *host = tm->host_be ? tm->logits : tm->host_logits;
     if (!tm->host_be || dlogits != host)  // in place on a host backend: nothing to copy
         td_buffer_set(tm->b_acts, act_off(tm, tm->logits), dlogits, (size_t)tm->N * tm->V * sizeof(float));
-    backward_rest(tm);
+    return backward_rest(tm, err);
+}
+
+// Where the gradient of range [off, off + n) lives in this backward: *base holds element off (the
+// gradient buffer, or the grad store's storage).
+static td_status grads_at(td_tmodel *tm, size_t off, size_t n, float **base, td_err *err) {
+    if (tm->grad_store) return tm->grad_store(tm->grad_store_ctx, off, n, base, err);
+    if (!tm->grads)
+        return td_err_set(err, TD_ERR_NOMEM, "train: no gradient buffer (its reallocation failed)");
+    *base = tm->grads + off;
     return TD_OK;
 }
 
-static void backward_rest(td_tmodel *tm) {
+// Parameter view p's gradient in storage whose element 0 is element off of the layout.
+static float *gshift(const td_tmodel *tm, const float *p, float *base, size_t off) {
+    return p ? base + ((size_t)(p - tm->params) - off) : NULL;
+}
+
+static void map_layer_grads(td_tmodel *tm, int l, float *base) {
+    const layer_params *p = &tm->pw.l[l];
+    const size_t o = tm->layer_off[l];
+    tm->gw.l[l] = (layer_params){gshift(tm, p->attn_norm, base, o), gshift(tm, p->wq, base, o),
+                                 gshift(tm, p->bq, base, o),        gshift(tm, p->wk, base, o),
+                                 gshift(tm, p->bk, base, o),        gshift(tm, p->wv, base, o),
+                                 gshift(tm, p->bv, base, o),        gshift(tm, p->q_norm, base, o),
+                                 gshift(tm, p->k_norm, base, o),    gshift(tm, p->wo, base, o),
+                                 gshift(tm, p->ffn_norm, base, o),  gshift(tm, p->w_gate, base, o),
+                                 gshift(tm, p->w_up, base, o),      gshift(tm, p->w_down, base, o)};
+}
+
+static td_status backward_rest(td_tmodel *tm, td_err *err) {
     const int N = tm->N, V = tm->V, D = tm->D;
+    const size_t head = tm->layer_off[tm->L], emb_n = tm->layer_off[0];
+    const int tied = tm->c.tie_embeddings;
+    // Each range's storage is asked for once, before its first write: a tied embedding's first,
+    // since the head's gradient adds into it at the start and the embedding's at the end.
+    float *ge = NULL, *gh = NULL, *gl = NULL;
+    td_status st;
+    if (tied && (st = grads_at(tm, 0, emb_n, &ge, err))) return st;
+    if ((st = grads_at(tm, head, tm->n_params - head, &gh, err))) return st;
+    tm->gw.out_norm = gshift(tm, tm->pw.out_norm, gh, head);
+    tm->gw.output = tied ? gshift(tm, tm->pw.output, ge, 0) : gshift(tm, tm->pw.output, gh, head);
     if (tm->bfg) bf16_pack_weights(tm, 1), tm->xkn_src = NULL;  // dx's B operands: W packed KN
     mm_bwd(tm, tm->pw.output, tm->xnf, tm->logits, tm->dxn, tm->gw.output, NULL, V, D, 0, 0);
     rmsnorm_bwd(tm, tm->res[tm->L], tm->pw.out_norm, tm->dxn, tm->dres, tm->gw.out_norm, N, D, 0);
     // The hook hears of each range as its last contribution is issued (the slots before it are
     // in the backend's stream order): the head, layers L-1 .. 0, the embedding.
-    if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, tm->layer_off[tm->L], tm->n_params - tm->layer_off[tm->L]);
+    if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, head, tm->n_params - head);
     for (int l = tm->L - 1; l >= 0; l--) {
+        const size_t lo = tm->layer_off[l], ln = tm->layer_off[l + 1] - lo;
+        if ((st = grads_at(tm, lo, ln, &gl, err))) return st;
+        map_layer_grads(tm, l, gl);
         // With recomputation the one activation block holds the last layer run: rerun layer l
         // from its saved input (this also rewrites res[l + 1] with the same values).
         if (tm->p.recompute && l != tm->L - 1) layer_forward(tm, l, acts_of(tm, l));
         layer_backward(tm, l, acts_of(tm, l));
-        if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, tm->layer_off[l], tm->layer_off[l + 1] - tm->layer_off[l]);
+        if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, lo, ln);
     }
+    if (!tied && (st = grads_at(tm, 0, emb_n, &ge, err))) return st;
+    tm->gw.tok_embd = gshift(tm, tm->pw.tok_embd, ge, 0);
     td_embed_bwd_args eb = {
         .tokens = tm->tokens, .dy = tm->dres, .dtable = tm->gw.tok_embd, .n_tok = N, .dim = D};
     td_backend_embed_bwd(tm->be, &eb);
-    if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, 0, tm->layer_off[0]);
+    if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, 0, emb_n);
+    return TD_OK;
 }
 
 void td_tmodel_set_grad_hook(td_tmodel *tm, td_tmodel_grad_hook_fn fn, void *ctx) {
     tm->grad_hook = fn;
     tm->grad_hook_ctx = ctx;
+}
+
+// The tensors' .grad pointers and the views into the gradient buffer (NULL without one).
+static void point_grads(td_tmodel *tm) {
+    for (int i = 0; i < tm->n_tensors; i++)
+        tm->tensors[i].grad = tm->grads ? tm->grads + tm->tensors[i].offset : NULL;
+    if (tm->grads) make_grad_views(tm);
+}
+
+td_status td_tmodel_set_grad_store(td_tmodel *tm, td_tmodel_grad_store_fn fn, void *ctx, td_err *err) {
+    tm->grad_store = fn;
+    tm->grad_store_ctx = ctx;
+    if (fn) {  // the gradients live in the store's memory: free the full-size buffer
+        td_buffer_free(tm->b_grads);
+        tm->b_grads = NULL;
+        tm->grads = NULL;
+    } else if (!tm->b_grads) {
+        td_status st = td_backend_alloc(tm->be, tm->n_params * sizeof(float), "train gradients", &tm->b_grads, err);
+        if (st) return st;
+        td_buffer_clear(tm->b_grads, 0);
+        tm->grads = tm->b_grads->base;
+    }
+    point_grads(tm);
+    return TD_OK;
 }

@@ -84,16 +84,19 @@ td_tmodel_params td_tmodel_get_params(const td_tmodel *tm);
 int td_tmodel_n_tensors(const td_tmodel *tm);
 const td_tparam *td_tmodel_tensor(const td_tmodel *tm, int i);           // i in [0, n_tensors)
 const td_tparam *td_tmodel_find(const td_tmodel *tm, const char *name);  // NULL if absent
-// The parameter and gradient buffers (backend addresses; host arrays on a host backend).
+// The parameter and gradient buffers (backend addresses; host arrays on a host backend). While a
+// grad store is set (td_tmodel_set_grad_store) there is no gradient buffer: grads_buf and
+// grads_buffer return NULL (n is still set), td_tparam.grad is NULL and grads_bytes is 0.
 float *td_tmodel_params_buf(td_tmodel *tm, size_t *n);  // n: elements (both buffers)
 float *td_tmodel_grads_buf(td_tmodel *tm, size_t *n);
 td_buffer *td_tmodel_grads_buffer(td_tmodel *tm);  // the backend buffer behind td_tmodel_grads_buf
+size_t td_tmodel_grads_bytes(const td_tmodel *tm);  // bytes the model holds for gradients
 // The backend every slot runs on (p.backend, or the model's own): borrowed, valid until
 // td_tmodel_free. The optimizer and clipping run on it too (trainer.h).
 td_backend *td_tmodel_backend(td_tmodel *tm);
 size_t td_tmodel_activation_bytes(const td_tmodel *tm);
 
-void td_tmodel_zero_grad(td_tmodel *tm);
+void td_tmodel_zero_grad(td_tmodel *tm);  // the gradient buffer (nothing with a grad store)
 
 // ---- The host view: how code that needs host arrays (loading, checkpoints, evaluation, tests)
 // reaches a model whose buffers may be device memory. On a host backend (the CPU) the views ARE
@@ -104,7 +107,8 @@ void td_tmodel_zero_grad(td_tmodel *tm);
 //   td_tmodel_params_to_host    mirror <- parameters (before reading the host view: after steps);
 //   td_tmodel_params_from_host  parameters <- mirror (after writing it: restore, a test's edit);
 //   td_tmodel_host_logits       the last forward's logits, downloaded into the mirror;
-//   td_tmodel_grads_to_host     the gradient buffer into the caller's dst[n_params].
+//   td_tmodel_grads_to_host     the gradient buffer into the caller's dst[n_params] (zeros while
+//                               a grad store holds the gradients instead).
 // init_random and load write the host view and upload it themselves.
 float *td_tmodel_host_params(td_tmodel *tm, size_t *n);  // n: elements; td_tparam.host points in
 void td_tmodel_params_to_host(td_tmodel *tm);
@@ -128,24 +132,39 @@ td_status td_tmodel_forward(td_tmodel *tm, const int32_t *tokens, const int32_t 
 const float *td_tmodel_logits(const td_tmodel *tm);
 
 // Backward of the last forward (which must have had targets): ADDS d(dscale * sum of losses)/dθ to
-// the gradient buffer. dscale is 1/(counted targets over all micro-batches of the step) for a mean.
+// the gradient buffer (or to the grad store's storage: td_tmodel_set_grad_store). dscale is
+// 1/(counted targets over all micro-batches of the step) for a mean. A store's failure is returned
+// (the backward stops there).
 td_status td_tmodel_backward(td_tmodel *tm, float dscale, td_err *err);
 
 // The backward of a loss of the caller's own on the last forward's logits (which needs no
 // targets): dlogits [B*T, vocab] is d loss / d logits, already scaled as the step's mean wants;
-// ADDS the gradient to the gradient buffer as td_tmodel_backward does (RL's policy-gradient
-// losses: rl/grpo.h). A host array: on a host backend it may be td_tmodel_host_logits itself,
+// ADDS the gradient to the gradient buffer (or grad store) as td_tmodel_backward does (RL's
+// policy-gradient losses: rl/grpo.h). A host array: on a host backend it may be td_tmodel_host_logits itself,
 // overwritten in place (no copy); otherwise it is uploaded. The logits are consumed.
 td_status td_tmodel_backward_from(td_tmodel *tm, const float *dlogits, td_err *err);
 
-// Told, during td_tmodel_backward (and td_tmodel_backward_from), each time a range [off, off + n) of the gradient buffer (in
-// elements) has had its last contribution of this backward issued on the backend: the final norm
-// and the head first (through the end of the buffer), then layer L-1 down to layer 0, then the
-// embedding table (offset 0). The ranges are disjoint, together cover the buffer, and come in
-// descending order of offset, so adjacent ones merge into contiguous buckets (data-parallel
-// training starts each bucket's all-reduce there, while backward goes on). On a device backend the
-// slots may still be running: synchronize before the host reads the range. NULL fn removes it.
+// Told, during td_tmodel_backward (and td_tmodel_backward_from), each time a range [off, off + n)
+// of the gradient layout (in elements) has had its last contribution of this backward issued on
+// the backend: the final norm and the head first (through the end of the layout), then layer L-1
+// down to layer 0, then the embedding table (offset 0). The ranges are disjoint, together cover
+// the layout, and come in descending order of offset, so adjacent ones merge into contiguous
+// buckets (data-parallel training starts each bucket's all-reduce there, while backward goes on).
+// On a device backend the slots may still be running: synchronize before the host reads the
+// range. NULL fn removes it.
 typedef void (*td_tmodel_grad_hook_fn)(void *ctx, size_t off, size_t n);
 void td_tmodel_set_grad_hook(td_tmodel *tm, td_tmodel_grad_hook_fn fn, void *ctx);
+
+// Gradients outside the model (ZeRO-2's ring of bucket buffers, train/trainer.c). With fn set the
+// model frees its full-size gradient buffer, and every backward asks fn, before it first writes a
+// range of the hook's ranges, where that range's gradient lives: *out (backend memory) holds
+// element off, n elements, zeros on return (backward adds into it), and must stay valid until
+// the hook has reported the range. Each range is asked for once per backward, in the hook's order,
+// except that a tied embedding's range (offset 0) is asked for first: the head's gradient adds
+// into it at the start of backward, the embedding's at the end. An error from fn stops the
+// backward, which returns it. fn NULL gives the model a full-size gradient buffer again (zeroed;
+// TD_ERR_NOMEM if it cannot be allocated: then backward fails until a later call succeeds).
+typedef td_status (*td_tmodel_grad_store_fn)(void *ctx, size_t off, size_t n, float **out, td_err *err);
+td_status td_tmodel_set_grad_store(td_tmodel *tm, td_tmodel_grad_store_fn fn, void *ctx, td_err *err);
 
 #endif

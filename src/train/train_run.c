@@ -483,12 +483,19 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
                 p->model.recompute ? ", recompute" : "", resumed ? ", resumed" : "");
         const td_trainer_memory mm = td_trainer_memory_of(tr);
         // Per rank, against the ZeRO paper's accounting for f32 Adam (trainer.h).
+        const double MiB = 1048576.0;
+        char gdetail[200] = "";
+        if (mm.grads_shard_bytes)  // ZeRO-2's ring: paper 4P/N, plus what is in flight
+            snprintf(gdetail, sizeof gdetail,
+                     " (shard %.2f + ring %.2f in %d buffer%s + tied embedding %.2f MiB = %zu bytes; paper 4P/N: %.2f MiB)",
+                     mm.grads_shard_bytes / MiB, mm.grads_ring_bytes / MiB, mm.ring_slots, mm.ring_slots == 1 ? "" : "s",
+                     mm.grads_tied_bytes / MiB,
+                     mm.grads_bytes, 4.0 * (double)mm.n_params / world / MiB);
         fprintf(log,
-                "train: world_size %d, ZeRO %d, per rank: parameters %.1f MiB, gradients %.1f MiB, accumulator "
+                "train: world_size %d, ZeRO %d, per rank: parameters %.1f MiB, gradients %.1f MiB%s, accumulator "
                 "%.1f MiB, optimizer %.1f MiB (%zu of %zu parameters' state; paper: %.1f MiB)\n",
-                world, mm.zero, mm.params_bytes / 1048576.0, mm.grads_bytes / 1048576.0, mm.accum_bytes / 1048576.0,
-                mm.optim_bytes / 1048576.0, mm.n_owned, mm.n_params,
-                8.0 * (double)mm.n_params / (mm.zero ? world : 1) / 1048576.0);
+                world, mm.zero, mm.params_bytes / MiB, mm.grads_bytes / MiB, gdetail, mm.accum_bytes / MiB,
+                mm.optim_bytes / MiB, mm.n_owned, mm.n_params, 8.0 * (double)mm.n_params / (mm.zero ? world : 1) / MiB);
     }
     for (long s = td_trainer_step_count(tr); s < p->steps; s++) {
         const double t0 = td_now();

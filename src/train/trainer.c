@@ -16,7 +16,12 @@
 // elements: it keeps AdamW's moments for them only (the shard), updates them, and the updated
 // blocks are all-gathered into every rank's parameters. ZeRO 2 also reduces every micro-batch
 // (not only the last) and folds the owned elements into a shard-sized accumulator, so gradient
-// accumulation needs no full-size buffer.
+// accumulation needs no full-size buffer; and with the gradient ring (plan_grads) the model has
+// no full-size gradient buffer either: backward writes each bucket into one of a few bucket-sized
+// buffers (a tied embedding's bucket, written at both ends of backward, into one of its own), the
+// bucket's reduce-scatter takes this rank's block from there into the gradient shard, and the
+// buffer takes the next bucket but n_slots once that reduction is done. The buckets, the values
+// and the reduction order are those of the full-size buffer, so the bits are too.
 //
 // Accumulation over k > 1 micro-batches folds separately computed gradients in order
 // (acc = g_0, acc = acc + g_1, ...), as torch's .grad += does and as a reduction across ranks
@@ -34,10 +39,20 @@
 enum { MAX_PENDING = 96 };  // requests in flight before the oldest is waited (the local comm has 128)
 
 typedef struct bucket {
-    size_t lo, n;     // elements [lo, lo + n) of the gradient buffer
+    size_t lo, n;     // elements [lo, lo + n) of the gradient layout
     size_t count;     // ZeRO: the block each rank owns (n / world)
     size_t shard_off; // ZeRO: where this bucket's block (then its tail) starts in the shard state
+    // ZeRO 2: where the reduced block and tail this rank keeps lie (elements of own): in place in
+    // the full-size gradient buffer or the tied buffer, else out of place in the gradient shard.
+    td_buffer *own;
+    size_t own_blk, own_tail;
+    int slot;         // ZeRO 2's ring: the ring buffer this bucket is written in (-1: the tied one)
 } bucket;
+
+typedef struct pending_req {
+    td_comm_req *r;
+    int slot;  // the ring buffer it reads (-1: none)
+} pending_req;
 
 struct td_trainer {
     td_tmodel *tm;  // borrowed
@@ -56,8 +71,18 @@ struct td_trainer {
     int n_segs;
     double *bucket_ss;   // ZeRO: [n_buckets * world] owned sums of squares, gathered
     double *bucket_tail; // ZeRO: [n_buckets] the tails' sums of squares
+    // ZeRO 2 over N > 1 with the ring (ringed): the model has no gradient buffer; backward writes
+    // each bucket into a ring buffer (bucket b into b_slot[b % n_slots], each as large as the
+    // largest bucket it takes), or for a tied embedding's bucket, the last, into b_tied for the
+    // whole backward; the reduction takes the owned elements into b_gshard (in place in b_tied).
+    bool ringed;
+    int n_slots;
+    td_buffer **b_slot;  // [n_slots]
+    td_buffer *b_tied;   // tied embeddings: [the last bucket's n]
+    td_buffer *b_gshard; // [the ring buckets' blocks and tails]
+    float **bk_store;    // [n_buckets] each bucket's storage (element lo) in this backward, or NULL
     // Within one step.
-    td_comm_req *pending[MAX_PENDING];
+    pending_req pending[MAX_PENDING];
     int n_pending;
     int hook_k;        // the micro-batch whose backward is running
     int next_bucket;   // the next bucket the hooks will complete
@@ -80,6 +105,9 @@ td_trainer_params td_trainer_default_params(void) {
 
 static float *grads(td_trainer *t) { return td_tmodel_grads_buf(t->tm, NULL); }
 static float *acc(td_trainer *t) { return t->b_acc ? (float *)t->b_acc->base : NULL; }
+static float *own_blk(const bucket *k) { return (float *)k->own->base + k->own_blk; }
+static float *own_tail(const bucket *k) { return (float *)k->own->base + k->own_tail; }
+static td_status ring_store(void *ctx, size_t off, size_t n, float **out, td_err *err);
 
 // Buckets from the ranges backward reports (the head through the end of the buffer, each layer,
 // the embedding), merged downwards until one holds bucket_elems.
@@ -107,7 +135,7 @@ static td_status plan_buckets(td_trainer *t, td_err *err) {
     for (int i = 0; i < nr; i++) {
         const bool last = i == nr - 1;
         if (hi - starts[i] >= t->p.bucket_elems || last) {
-            t->buckets[t->n_buckets++] = (bucket){.lo = starts[i], .n = hi - starts[i]};
+            t->buckets[t->n_buckets++] = (bucket){.lo = starts[i], .n = hi - starts[i], .slot = -1};
             hi = starts[i];
         }
     }
@@ -124,6 +152,68 @@ static td_status plan_buckets(td_trainer *t, td_err *err) {
     return TD_OK;
 }
 
+// ZeRO 2 over N > 1: where gradients live. The ring (p.grad_ring > 0 slots; 0: 2 slots where that
+// holds fewer bytes than the full-size buffer, else the full-size buffer; < 0: the full-size
+// buffer): bucket b in ring buffer b % n_slots, a tied embedding's bucket (the last) in its own
+// buffer, each bucket's reduced block and tail in the gradient shard (in place in the tied one),
+// and the model's full-size gradient buffer freed (td_tmodel_set_grad_store). Without the ring
+// the reduction is in place in the full-size buffer, as under ZeRO 1.
+static td_status plan_grads(td_trainer *t, td_err *err) {
+    td_tmodel *tm = t->tm;
+    size_t n;
+    float *g = td_tmodel_grads_buf(tm, &n);
+    const int nb = t->n_buckets, tied = td_tmodel_config(tm)->tie_embeddings ? 1 : 0;
+    const int n_ring = nb - tied;  // buckets the ring takes
+    int slots = t->p.grad_ring > 0 ? t->p.grad_ring : 2;
+    if (slots > n_ring) slots = n_ring;
+    size_t slot_n[TD_TRAINER_MAX_RING] = {0}, shard_n = 0, total = tied ? t->buckets[nb - 1].n : 0;
+    for (int b = 0; b < n_ring; b++) {
+        const bucket *k = &t->buckets[b];
+        if (k->n > slot_n[b % slots]) slot_n[b % slots] = k->n;
+        shard_n += k->n - k->count * (size_t)(t->world - 1);  // block and tail
+    }
+    for (int i = 0; i < slots; i++) total += slot_n[i];
+    total += shard_n;
+    t->ringed = t->p.grad_ring > 0 || (t->p.grad_ring == 0 && total < n);
+    if (!(t->bk_store = calloc((size_t)nb, sizeof *t->bk_store)))
+        return td_err_set(err, TD_ERR_NOMEM, "trainer: out of memory");
+    if (!t->ringed) {  // in place in the full-size buffer
+        for (int b = 0; b < nb; b++) {
+            bucket *k = &t->buckets[b];
+            k->own = td_tmodel_grads_buffer(tm);
+            k->own_blk = k->lo + (size_t)t->rank * k->count, k->own_tail = k->lo + k->count * (size_t)t->world;
+            t->bk_store[b] = g + k->lo;
+        }
+        return TD_OK;
+    }
+    td_backend *be = td_tmodel_backend(tm);
+    td_status st;
+    if (!(t->b_slot = calloc((size_t)(slots ? slots : 1), sizeof *t->b_slot)))
+        return td_err_set(err, TD_ERR_NOMEM, "trainer: out of memory");
+    for (int i = 0; i < slots; i++, t->n_slots++)
+        if ((st = td_backend_alloc(be, slot_n[i] * sizeof(float), "trainer gradient ring", &t->b_slot[i], err)))
+            return st;
+    if (tied && (st = td_backend_alloc(be, t->buckets[nb - 1].n * sizeof(float), "trainer tied embedding gradient",
+                                       &t->b_tied, err)))
+        return st;
+    if ((st = td_backend_alloc(be, (shard_n ? shard_n : 1) * sizeof(float), "trainer gradient shard", &t->b_gshard,
+                               err)))
+        return st;
+    size_t off = 0;
+    for (int b = 0; b < nb; b++) {
+        bucket *k = &t->buckets[b];
+        if (b < n_ring) {
+            k->slot = b % slots;
+            k->own = t->b_gshard, k->own_blk = off, k->own_tail = off + k->count;
+            off += k->n - k->count * (size_t)(t->world - 1);
+        } else {  // the tied buffer holds element lo (0) of the bucket
+            k->own = t->b_tied;
+            k->own_blk = (size_t)t->rank * k->count, k->own_tail = k->count * (size_t)t->world;
+        }
+    }
+    return td_tmodel_set_grad_store(tm, ring_store, t, err);
+}
+
 // The shard's pieces cut at tensor boundaries (each piece is one tensor's, for its decay flag).
 static td_status plan_segs(td_trainer *t, td_err *err) {
     td_tmodel *tm = t->tm;
@@ -135,6 +225,9 @@ static td_status plan_segs(td_trainer *t, td_err *err) {
         const bucket *k = &t->buckets[b];
         const size_t pieces[2][2] = {{k->lo + (size_t)t->rank * k->count, k->count},
                                      {k->lo + k->count * (size_t)t->world, k->n - k->count * (size_t)t->world}};
+        // The gradient each piece's update reads: ZeRO 2's reduced owned elements, or ZeRO 1's
+        // full-size buffer at the piece.
+        float *gp[2] = {t->p.zero == 2 ? own_blk(k) : g + pieces[0][0], t->p.zero == 2 ? own_tail(k) : g + pieces[1][0]};
         size_t state = k->shard_off;
         for (int pc = 0; pc < 2; pc++) {
             size_t lo = pieces[pc][0], len = pieces[pc][1];
@@ -144,7 +237,7 @@ static td_status plan_segs(td_trainer *t, td_err *err) {
                 if (thi <= lo || tlo >= lo + len) continue;
                 const size_t a = lo > tlo ? lo : tlo, e = lo + len < thi ? lo + len : thi;
                 t->segs[t->n_segs++] = (td_adamw_seg){
-                    .w = w + a, .g = g + a, .state_off = state + (a - lo), .n = (int64_t)(e - a), .decay = tp->decay};
+                    .w = w + a, .g = gp[pc] + (a - lo), .state_off = state + (a - lo), .n = (int64_t)(e - a), .decay = tp->decay};
             }
             state += len;
         }
@@ -163,6 +256,11 @@ td_status td_trainer_create(td_tmodel *tm, const td_trainer_params *pp, td_train
         return td_err_set(err, TD_ERR_INVALID, "trainer: learning rates must be >= 0");
     if (p.zero < 0 || p.zero > 2) return td_err_set(err, TD_ERR_INVALID, "trainer: zero stage %d is not 0, 1 or 2", p.zero);
     if (p.bucket_elems == 0) p.bucket_elems = TD_TRAINER_BUCKET_ELEMS;
+    if (!td_tmodel_grads_bytes(tm))  // another trainer's ring holds them (or their restoration failed)
+        return td_err_set(err, TD_ERR_INVALID, "trainer: the model has no gradient buffer (is another trainer using it?)");
+    if (p.grad_ring > TD_TRAINER_MAX_RING)
+        return td_err_set(err, TD_ERR_INVALID, "trainer: a gradient ring of %d buffers (at most %d)", p.grad_ring,
+                          TD_TRAINER_MAX_RING);
     td_trainer *t = calloc(1, sizeof *t);
     if (!t) return td_err_set(err, TD_ERR_NOMEM, "trainer: out of memory");
     t->tm = tm;
@@ -182,7 +280,8 @@ td_status td_trainer_create(td_tmodel *tm, const td_trainer_params *pp, td_train
         return st;
     }
     const bool zero = t->comm && p.zero > 0;
-    if ((st = plan_buckets(t, err)) || (zero && (st = plan_segs(t, err)))) {
+    if ((st = plan_buckets(t, err)) || (zero && p.zero == 2 && (st = plan_grads(t, err))) ||
+        (zero && (st = plan_segs(t, err)))) {
         td_trainer_free(t);
         return st;
     }
@@ -234,8 +333,13 @@ td_status td_trainer_create(td_tmodel *tm, const td_trainer_params *pp, td_train
 
 void td_trainer_free(td_trainer *t) {
     if (!t) return;
-    for (int i = 0; i < t->n_pending; i++) td_comm_wait(t->pending[i], 0, NULL);
+    for (int i = 0; i < t->n_pending; i++) td_comm_wait(t->pending[i].r, 0, NULL);
     td_tmodel_set_grad_hook(t->tm, NULL, NULL);
+    for (int i = 0; i < t->n_slots; i++) td_buffer_free(t->b_slot[i]);
+    free(t->b_slot);
+    td_buffer_free(t->b_tied);
+    td_buffer_free(t->b_gshard);
+    free(t->bk_store);
     td_adamw_free(t->opt);
     if (t->b_part && t->norm_part != t->b_part->base) free(t->norm_part);
     td_buffer_free(t->b_part);
@@ -244,6 +348,11 @@ void td_trainer_free(td_trainer *t) {
     free(t->segs);
     free(t->bucket_ss);
     free(t->bucket_tail);
+    if (t->ringed) {  // the model gets its full-size gradient buffer back, once the rest is freed
+        td_err e = {0};
+        if (td_tmodel_set_grad_store(t->tm, NULL, NULL, &e))
+            TD_LOGW("trainer: the model's gradient buffer could not be restored: %s", e.msg);
+    }
     free(t);
 }
 
@@ -256,7 +365,11 @@ td_trainer_memory td_trainer_memory_of(const td_trainer *t) {
     const bool bf = td_tmodel_get_params(t->tm).precision == TD_TRAIN_BF16;
     td_trainer_memory m = {.world = t->world, .zero = t->comm ? t->p.zero : 0, .n_params = n};
     m.params_bytes = n * sizeof(float) * (bf ? 2 : 1);  // f32 master weights (+ their bf16-rounded copy)
-    m.grads_bytes = n * sizeof(float);
+    m.ring_slots = t->ringed ? t->n_slots : 0;
+    for (int i = 0; i < t->n_slots; i++) m.grads_ring_bytes += t->b_slot[i]->size;
+    m.grads_tied_bytes = t->b_tied ? t->b_tied->size : 0;
+    m.grads_shard_bytes = t->b_gshard ? t->b_gshard->size : 0;
+    m.grads_bytes = td_tmodel_grads_bytes(t->tm) + m.grads_ring_bytes + m.grads_tied_bytes + m.grads_shard_bytes;
     m.accum_bytes = t->b_acc ? t->b_acc->size : 0;
     m.optim_bytes = 2 * td_adamw_size(t->opt) * sizeof(float);
     m.n_owned = t->comm && t->p.zero > 0 ? t->n_shard : n;
@@ -271,19 +384,20 @@ static void comm_fail(td_trainer *t, td_status st, const td_err *e) {
     t->comm_err = *e;
 }
 
-static void post(td_trainer *t, td_status st, td_comm_req *r, const td_err *e) {
+// A posted request; slot: the ring buffer it reads (-1: none), which is not reused before it is done.
+static void post(td_trainer *t, td_status st, td_comm_req *r, const td_err *e, int slot) {
     if (st) {
         comm_fail(t, st, e);
         return;
     }
     if (t->n_pending == MAX_PENDING) {  // bound what is in flight: wait the oldest
         td_err e2 = {0};
-        td_status s2 = td_comm_wait(t->pending[0], 0, &e2);
+        td_status s2 = td_comm_wait(t->pending[0].r, 0, &e2);
         if (s2) comm_fail(t, s2, &e2);
         memmove(t->pending, t->pending + 1, (size_t)(MAX_PENDING - 1) * sizeof *t->pending);
         t->n_pending--;
     }
-    t->pending[t->n_pending++] = r;
+    t->pending[t->n_pending++] = (pending_req){r, slot};
 }
 
 // Lets the transport progress (non-blocking collectives move only inside calls) and drops the
@@ -293,7 +407,7 @@ static void poll_pending(td_trainer *t) {
     for (int i = 0; i < t->n_pending; i++) {
         bool done = false;
         td_err e = {0};
-        td_status st = td_comm_test(t->pending[i], &done, &e);
+        td_status st = td_comm_test(t->pending[i].r, &done, &e);
         if (st) comm_fail(t, st, &e);
         if (!done) t->pending[k++] = t->pending[i];
     }
@@ -304,7 +418,7 @@ static td_status wait_all(td_trainer *t, td_err *err) {
     const double t0 = td_now();
     for (int i = 0; i < t->n_pending; i++) {
         td_err e = {0};
-        td_status st = td_comm_wait(t->pending[i], 0, &e);
+        td_status st = td_comm_wait(t->pending[i].r, 0, &e);
         if (st) comm_fail(t, st, &e);
     }
     t->n_pending = 0;
@@ -316,54 +430,104 @@ static td_status wait_all(td_trainer *t, td_err *err) {
     return TD_OK;
 }
 
-// Bucket b's gradient (in buf, the full-size buffer being reduced) goes out.
-static void reduce_bucket(td_trainer *t, const bucket *k, float *buf) {
+// Waits (with the communicator's deadline) for the requests that read ring buffer slot, so that
+// the next bucket may be written there.
+static td_status wait_slot(td_trainer *t, int slot, td_err *err) {
+    const double t0 = td_now();
+    int k = 0;
+    for (int i = 0; i < t->n_pending; i++) {
+        if (t->pending[i].slot != slot) {
+            t->pending[k++] = t->pending[i];
+            continue;
+        }
+        td_err e = {0};
+        td_status st = td_comm_wait(t->pending[i].r, 0, &e);
+        if (st) comm_fail(t, st, &e);
+    }
+    t->n_pending = k;
+    t->comm_wait_s += td_now() - t0;
+    if (t->comm_st) {
+        if (err) *err = t->comm_err;
+        return t->comm_st;
+    }
+    return TD_OK;
+}
+
+// Bucket b's gradient (from buf, its element lo: in the full-size buffer being reduced, or ZeRO
+// 2's storage of it) goes out.
+static void reduce_bucket(td_trainer *t, int b, float *buf) {
+    const bucket *k = &t->buckets[b];
     td_err e = {0};
     td_comm_req *r = NULL;
     t->comm_bytes += (double)k->n * sizeof(float);
     if (t->p.zero == 0) {
-        td_status st = td_comm_iallreduce(t->comm, buf + k->lo, buf + k->lo, k->n, TD_COMM_F32, TD_COMM_SUM, &r, &e);
-        post(t, st, r, &e);
+        td_status st = td_comm_iallreduce(t->comm, buf, buf, k->n, TD_COMM_F32, TD_COMM_SUM, &r, &e);
+        post(t, st, r, &e, -1);
         return;
     }
-    float *blk = buf + k->lo;
-    if (k->count > 0) {  // in place: this rank's block lands at blk + rank * count
-        td_status st = td_comm_ireduce_scatter(t->comm, blk, blk + (size_t)t->rank * k->count, k->count, TD_COMM_F32,
-                                               TD_COMM_SUM, &r, &e);
-        post(t, st, r, &e);
-    }
+    // Rank r's block lands at buf + r count (in place: ZeRO 1, and ZeRO 2's full-size and tied
+    // buffers) or in the gradient shard (ZeRO 2's ring); the tail likewise.
+    const bool z2 = t->p.zero == 2;
     const size_t tail = k->n - k->count * (size_t)t->world;
+    if (k->count > 0) {
+        float *dst = z2 ? own_blk(k) : buf + (size_t)t->rank * k->count;
+        td_status st = td_comm_ireduce_scatter(t->comm, buf, dst, k->count, TD_COMM_F32, TD_COMM_SUM, &r, &e);
+        post(t, st, r, &e, k->slot);
+    }
     if (tail > 0) {
-        float *tp = blk + k->count * (size_t)t->world;
-        td_status st = td_comm_iallreduce(t->comm, tp, tp, tail, TD_COMM_F32, TD_COMM_SUM, &r, &e);
-        post(t, st, r, &e);
+        float *tp = buf + k->count * (size_t)t->world, *dst = z2 ? own_tail(k) : tp;
+        td_status st = td_comm_iallreduce(t->comm, tp, dst, tail, TD_COMM_F32, TD_COMM_SUM, &r, &e);
+        post(t, st, r, &e, k->slot);
     }
 }
 
-// acc[dst, dst + n) = (k = 0) grads[src, src + n), else += it: one micro-batch folded in. Through
+// acc[dst, dst + n) = (k = 0) src[off, off + n), else += it: one micro-batch folded in. Through
 // the backend (a copy in its stream, its add slot), so it holds on a device backend too.
-static void fold(td_trainer *t, size_t dst, size_t src, size_t n) {
+static void fold(td_trainer *t, size_t dst, td_buffer *src, size_t off, size_t n) {
     if (t->hook_k == 0)
-        td_buffer_copy(t->b_acc, dst * sizeof(float), td_tmodel_grads_buffer(t->tm), src * sizeof(float),
-                       n * sizeof(float));
+        td_buffer_copy(t->b_acc, dst * sizeof(float), src, off * sizeof(float), n * sizeof(float));
     else
-        td_backend_add(td_tmodel_backend(t->tm), acc(t) + dst, grads(t) + src, (int64_t)n);
+        td_backend_add(td_tmodel_backend(t->tm), acc(t) + dst, (float *)src->base + off, (int64_t)n);
 }
 
 static void grad_hook(void *ctx, size_t off, size_t n) {
     td_trainer *t = ctx;
     const bool last = t->hook_k == t->p.grad_accum - 1;
     const bool zero2 = t->comm && t->p.zero == 2;
-    if (t->b_acc && !zero2) fold(t, off, off, n);
+    if (t->b_acc && !zero2) fold(t, off, td_tmodel_grads_buffer(t->tm), off, n);
     t->hook_lo = off;
     if (!t->comm) return;
     poll_pending(t);
     if (!last && !zero2) return;
-    float *buf = t->b_acc && !zero2 ? acc(t) : grads(t);
     while (t->next_bucket < t->n_buckets && t->buckets[t->next_bucket].lo >= off) {
-        reduce_bucket(t, &t->buckets[t->next_bucket], buf);
-        t->next_bucket++;
+        const int b = t->next_bucket++;
+        // ZeRO 2: where backward wrote the bucket; else the full-size buffer being reduced.
+        float *buf = zero2 ? t->bk_store[b] : (t->b_acc ? acc(t) : grads(t)) + t->buckets[b].lo;
+        reduce_bucket(t, b, buf);
     }
+}
+
+// ZeRO 2's grad store (td_tmodel_set_grad_store) with the ring: the storage of range [off, off +
+// n) is its bucket's, handed out at the bucket's first range in this backward: the tied buffer,
+// or the bucket's ring buffer once the reductions still reading it (the bucket n_slots earlier)
+// are done; zeroed.
+static td_status ring_store(void *ctx, size_t off, size_t n, float **out, td_err *err) {
+    td_trainer *t = ctx;
+    int b = 0;
+    while (b < t->n_buckets - 1 && t->buckets[b].lo > off) b++;  // descending lo; the last has lo 0
+    const bucket *k = &t->buckets[b];
+    TD_ASSERT(off >= k->lo && off + n <= k->lo + k->n);
+    if (!t->bk_store[b]) {
+        td_buffer *buf = k->slot < 0 ? t->b_tied : t->b_slot[k->slot];
+        if (k->slot >= 0) {
+            td_status st = wait_slot(t, k->slot, err);
+            if (st) return st;
+        }
+        td_buffer_clear(buf, 0);
+        t->bk_store[b] = buf->base;
+    }
+    *out = t->bk_store[b] + (off - k->lo);
+    return TD_OK;
 }
 
 // ZeRO 2 with accumulation: the owned elements of this micro-batch's reduced gradient folded into
@@ -372,14 +536,8 @@ static void fold_shard(td_trainer *t) {
     for (int b = 0; b < t->n_buckets; b++) {
         const bucket *k = &t->buckets[b];
         const size_t tail = k->n - k->count * (size_t)t->world;
-        const size_t src[2] = {k->lo + (size_t)t->rank * k->count, k->lo + k->count * (size_t)t->world};
-        const size_t len[2] = {k->count, tail};
-        size_t dst = k->shard_off;
-        for (int pc = 0; pc < 2; pc++) {
-            if (len[pc] == 0) continue;
-            fold(t, dst, src[pc], len[pc]);
-            dst += len[pc];
-        }
+        if (k->count) fold(t, k->shard_off, k->own, k->own_blk, k->count);
+        if (tail) fold(t, k->shard_off + k->count, k->own, k->own_tail, tail);
     }
 }
 
@@ -473,6 +631,7 @@ static td_status step_core(td_trainer *t, td_trainer_micro_fn fn, void *ctx, lon
         td_tmodel_zero_grad(tm);
         t->hook_k = k;
         t->next_bucket = 0;
+        if (t->ringed) memset(t->bk_store, 0, (size_t)t->n_buckets * sizeof *t->bk_store);  // handed out afresh
         if ((st = fn(ctx, k, tm, (float)(1.0 / (double)count), &s, err))) {
             if (hooked) td_tmodel_set_grad_hook(tm, NULL, NULL);
             if (t->comm) {  // the others would wait for this rank's reductions: fail them now
@@ -511,8 +670,13 @@ static td_status step_core(td_trainer *t, td_trainer_micro_fn fn, void *ctx, lon
         for (int b = 0; b < t->n_buckets; b++) {
             const bucket *k = &t->buckets[b];
             const size_t tail = k->n - k->count * (size_t)t->world;
-            const float *blk = src ? src + k->shard_off : full + k->lo + (size_t)t->rank * k->count;
-            const float *tl = src ? src + k->shard_off + k->count : full + k->lo + k->count * (size_t)t->world;
+            const float *blk, *tl;  // this rank's reduced block and the tail
+            if (src)
+                blk = src + k->shard_off, tl = src + k->shard_off + k->count;
+            else if (t->p.zero == 2)  // where the reduction left them
+                blk = own_blk(k), tl = own_tail(k);
+            else
+                blk = full + k->lo + (size_t)t->rank * k->count, tl = full + k->lo + k->count * (size_t)t->world;
             mine[b] = k->count ? sumsq(t, blk, k->count) : 0.0;
             t->bucket_tail[b] = tail ? sumsq(t, tl, tail) : 0.0;
         }
@@ -567,7 +731,7 @@ static td_status step_core(td_trainer *t, td_trainer_micro_fn fn, void *ctx, lon
         td_err e = {0};
         td_comm_req *r = NULL;
         st = td_comm_iallgather(t->comm, w + k->lo + (size_t)t->rank * k->count, w + k->lo, k->count, TD_COMM_F32, &r, &e);
-        post(t, st, r, &e);
+        post(t, st, r, &e, -1);
         t->comm_bytes += (double)k->count * (size_t)t->world * sizeof(float);
     }
     st = wait_all(t, err);

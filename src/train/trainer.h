@@ -18,6 +18,7 @@
 
 // Gradient bucket size for data parallelism (elements; 6.5 M f32 = 25 MiB, PyTorch DDP's default).
 #define TD_TRAINER_BUCKET_ELEMS ((size_t)25 << 18)
+#define TD_TRAINER_MAX_RING 64  // buffers in ZeRO-2's gradient ring, at most
 
 typedef struct td_trainer_params {
     int grad_accum;     // micro-batches per step (>= 1) on this rank
@@ -29,8 +30,17 @@ typedef struct td_trainer_params {
     // buckets of bucket_elems (0: TD_TRAINER_BUCKET_ELEMS) overlapping backward. A host backend
     // is required (the communicator moves host memory).
     td_comm *comm;
-    int zero;             // 0: all-reduce; 1: ZeRO-1 (optimizer state sharded); 2: ZeRO-2 (and the accumulator)
+    int zero;             // 0: all-reduce; 1: ZeRO-1 (optimizer state sharded); 2: ZeRO-2 (and gradients)
     size_t bucket_elems;
+    // ZeRO-2 over N > 1: the gradient ring. > 0: that many bucket-sized buffers (at most
+    // TD_TRAINER_MAX_RING): backward writes bucket b into buffer b % grad_ring (waiting, with the
+    // communicator's deadline, for the reduction of the bucket grad_ring earlier that reads it), a
+    // tied embedding's bucket into one buffer of its own, and each bucket's reduction takes this
+    // rank's block into a gradient shard ([n_owned]); the model's full-size gradient buffer is
+    // freed while the trainer lives (td_tmodel_set_grad_store) and given back by td_trainer_free.
+    // 0: 2 buffers where that holds fewer bytes than the full-size buffer (many buckets), else the
+    // full-size buffer; < 0: the full-size buffer (reduced in place, as before the ring).
+    int grad_ring;
 } td_trainer_params;
 
 // grad_accum 1, clip 1.0, lr 3e-4 -> 3e-5 with 100 warm-up steps of 10000, AdamW defaults, one
@@ -44,7 +54,8 @@ typedef struct td_step_stats {
     long step;         // 0-based index of the step just taken
     long n_targets;    // counted targets in the step (over every rank)
     int world_size;    // data-parallel ranks
-    double comm_wait_s;  // seconds blocked on gradient reduction after backward (the part not hidden)
+    double comm_wait_s;  // seconds blocked on gradient reduction after backward, and in it for ZeRO-2's
+                         // ring buffers (the part not hidden)
     // Payload handed to collectives per step (gradients reduced, parameters gathered), in bytes:
     // 4 P for DP (one all-reduce); 4 P reduce-scattered + 4 P all-gathered for ZeRO-1/2 (ZeRO-2
     // reduces every micro-batch: 4 P K + 4 P). What a rank sends is 2 (N-1)/N of an all-reduce's
@@ -54,7 +65,8 @@ typedef struct td_step_stats {
 
 typedef struct td_trainer td_trainer;
 
-// tm is borrowed and must outlive the trainer. *out owned by the caller (td_trainer_free).
+// tm is borrowed and must outlive the trainer. *out owned by the caller (td_trainer_free). A model
+// whose gradient buffer another trainer's ring holds (grad_ring) is TD_ERR_INVALID.
 td_status td_trainer_create(td_tmodel *tm, const td_trainer_params *p, td_trainer **out,
                             td_err *err);
 void td_trainer_free(td_trainer *t);  // NULL is fine
@@ -81,14 +93,21 @@ td_status td_trainer_step_with(td_trainer *t, td_trainer_micro_fn fn, void *ctx,
 
 td_adamw *td_trainer_adamw(td_trainer *t);  // borrowed (checkpoints save and restore its state)
 
-// What this rank holds, in bytes (reported at start-up). The ZeRO paper's accounting for Adam in
-// f32 with N ranks: parameters 4 P, gradients 4 P, optimizer state (m, v) 8 P, and with ZeRO-1 or
-// 2 the optimizer state 8 P / N (n_owned ~ P / N); ZeRO-2's accumulator (grad_accum > 1) 4 P / N
-// instead of 4 P. BF16 adds the bf16-rounded weight copy (kept as f32 here: 4 P).
+// What this rank holds, in bytes (reported at start-up), from the sizes of what is allocated. The
+// ZeRO paper's accounting for Adam in f32 with N ranks: parameters 4 P, gradients 4 P, optimizer
+// state (m, v) 8 P, and with ZeRO-1 or 2 the optimizer state 8 P / N (n_owned ~ P / N); ZeRO-2's
+// accumulator (grad_accum > 1) 4 P / N instead of 4 P, and with the gradient ring (grad_ring)
+// gradients of 4 P / N (the shard: 4 n_owned less the tied bucket's block, which stays in its
+// buffer) + the ring (its buffers: the largest bucket each takes) + the tied embedding's bucket
+// (0 untied): the paper's 4 P / N plus what is in flight. BF16 adds the bf16-rounded weight copy
+// (kept as f32 here: 4 P).
 typedef struct td_trainer_memory {
     int world, zero;
     size_t n_params, n_owned;  // parameters; those this rank updates (all of them without ZeRO)
     size_t params_bytes, grads_bytes, accum_bytes, optim_bytes;
+    // ZeRO-2's ring: the parts of grads_bytes (0 without it: grads_bytes is the full-size buffer).
+    int ring_slots;  // buffers in the ring (0: no ring)
+    size_t grads_shard_bytes, grads_ring_bytes, grads_tied_bytes;
 } td_trainer_memory;
 td_trainer_memory td_trainer_memory_of(const td_trainer *t);
 

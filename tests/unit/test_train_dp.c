@@ -9,12 +9,18 @@
 // per rank the fold order differs from one rank's ((g_0 + g_1) + (g_2 + g_3) vs ((g_0 + g_1) + g_2)
 // + g_3): f32 reassociation of a few terms, so weights after the steps agree to 1e-5 (a tenth of an
 // update at lr 1e-3 ... measured ~1e-7). ZeRO's memory: the optimizer state is the shard's.
+// ZeRO-2's gradient ring (grad_ring): the same bits as one rank (N = 2, 3, 4, tied and untied,
+// rings of 1 and 2, BF16, through td_trainer_step_with too) and, at 2 micro-batches per rank, as
+// ZeRO-2 through the full-size buffer; the model's gradient buffer freed and given back; the
+// gradient bytes equal to the formula and shrinking with N; the default taking the ring only where
+// it is smaller; a stalled peer failing the ring's wait at the deadline.
 // The same equivalence over MPI processes: test_train_mpi.
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "dist/comm.h"
@@ -22,9 +28,9 @@
 #include "train/model_train.h"
 #include "train/trainer.h"
 
-enum { B = 4, T = 16, STEPS = 3, MAXR = 4 };
+enum { B = 8, T = 16, STEPS = 3, MAXR = 4 };  // B: the global batch (sequences per step)
 
-static td_model_config config(void) {
+static td_model_config config(int tied) {
     td_model_config c;
     memset(&c, 0, sizeof c);
     c.arch = TD_ARCH_LLAMA;
@@ -32,6 +38,7 @@ static td_model_config config(void) {
     c.ffn_dim = 48, c.max_pos = 64, c.norm_eps = 1e-5f, c.rope_theta = 10000.0f;
     c.rope_style = TD_ROPE_NEOX, c.rope_scaling = TD_ROPE_SCALING_NONE, c.bos_id = -1;
     c.qkv_bias = 1;
+    c.tie_embeddings = tied != 0;
     return c;
 }
 
@@ -47,6 +54,10 @@ static void sequence(int s, int q, int32_t *tok, int32_t *tgt) {
 
 typedef struct run {
     int world, rank, zero, accum, bf16;  // accum: micro-batches per rank per step
+    int ring, tied;                      // td_trainer_params.grad_ring; tied embeddings
+    int stall_ms;                        // > 0: rank 1 sleeps this long before its first backward
+    int with;                            // 1: steps through td_trainer_step_with (RL's entry)
+    int timeout_ms;                      // > 0: the communicator's deadline
     int bad_rank;                        // >= 0: that rank's step 1 has an out-of-range token
     size_t bucket;
     td_comm *comm;
@@ -54,13 +65,29 @@ typedef struct run {
     float *weights;  // after the steps (malloc'd)
     size_t n;
     td_trainer_memory mem;
+    size_t model_grads, model_grads_after;  // the model's gradient bytes with the trainer, and after it
     td_status st;
     char msg[512];
 } run;
 
+// A cross-entropy micro-batch that on rank 1 sleeps stall_ms between forward and backward: its
+// peers' backward must wait for its reductions (ZeRO-2's ring buffers) and hit their deadline.
+typedef struct stall_micro {
+    const run *r;
+    const int32_t *tok, *tgt;
+    size_t n;  // tokens per micro-batch
+} stall_micro;
+
+static td_status stall_fn(void *ctx, int k, td_tmodel *tm, float dscale, double *loss_sum, td_err *err) {
+    const stall_micro *x = ctx;
+    td_status st = td_tmodel_forward(tm, x->tok + (size_t)k * x->n, x->tgt + (size_t)k * x->n, loss_sum, NULL, err);
+    if (!st && x->r->rank == 1 && x->r->stall_ms > 0) usleep((useconds_t)x->r->stall_ms * 1000);
+    return st ? st : td_tmodel_backward(tm, dscale, err);
+}
+
 static void *train(void *arg) {
     run *r = arg;
-    const td_model_config c = config();
+    const td_model_config c = config(r->tied);
     td_tmodel_params mp = td_tmodel_default_params();
     const int seqs = B / (r->world * r->accum);  // sequences per micro-batch
     mp.batch = seqs, mp.seq_len = T, mp.n_threads = 1;
@@ -75,9 +102,12 @@ static void *train(void *arg) {
     tp.grad_accum = r->accum;
     tp.grad_clip = 0.5f;  // active: the norms here are ~1-3
     tp.lr = (td_lr_schedule){.max_lr = 1e-2f, .min_lr = 1e-3f, .warmup_steps = 1, .total_steps = STEPS};
-    tp.comm = r->comm, tp.zero = r->zero, tp.bucket_elems = r->bucket;
+    tp.comm = r->comm, tp.zero = r->zero, tp.bucket_elems = r->bucket, tp.grad_ring = r->ring;
+    if (r->timeout_ms > 0) td_comm_set_timeout(r->comm, r->timeout_ms);
     if ((r->st = td_trainer_create(tm, &tp, &tr, &err))) goto done;
     r->mem = td_trainer_memory_of(tr);
+    r->model_grads = td_tmodel_grads_bytes(tm);
+
     for (int s = 0; s < STEPS; s++) {
         // This rank's micro-batches: global sequence q = (k * world + rank) * seqs + j, so that the
         // one-rank run (world 1, accum = world * accum) meets the same micro-batches in the same order.
@@ -88,7 +118,14 @@ static void *train(void *arg) {
             }
         if (s == 1 && r->rank == r->bad_rank) tok[3] = 1000;
         td_step_stats ss;
-        if ((r->st = td_trainer_step(tr, tok, tgt, &ss, &err))) goto done;
+        if (r->stall_ms > 0 || r->with) {
+            long count = 0;
+            for (int i = 0; i < r->accum * seqs * T; i++) count += tgt[i] >= 0;
+            stall_micro x = {r, tok, tgt, (size_t)seqs * T};
+            if ((r->st = td_trainer_step_with(tr, stall_fn, &x, count, &ss, &err))) goto done;
+        } else if ((r->st = td_trainer_step(tr, tok, tgt, &ss, &err))) {
+            goto done;
+        }
         r->loss[s] = ss.loss, r->norm[s] = ss.grad_norm;
     }
     float *w = td_tmodel_params_buf(tm, &r->n);
@@ -97,6 +134,7 @@ static void *train(void *arg) {
 done:
     if (r->st) snprintf(r->msg, sizeof r->msg, "%s", err.msg);
     td_trainer_free(tr);
+    if (tm) r->model_grads_after = td_tmodel_grads_bytes(tm);
     td_tmodel_free(tm);
     free(tok), free(tgt);
     return NULL;
@@ -106,8 +144,14 @@ static void free_runs(run *rs, int n) {
     for (int i = 0; i < n; i++) free(rs[i].weights);
 }
 
+// The options of a run beyond world, zero stage and micro-batches per rank.
+typedef struct opts {
+    int bf16, bad_rank, ring, tied, stall_ms, timeout_ms, with;
+    size_t bucket;
+} opts;
+
 // world ranks of `accum` micro-batches each, ZeRO stage zero; results in rs[0..world).
-static bool run_world_bad(run *rs, int world, int zero, int accum, int bf16, size_t bucket, int bad_rank) {
+static bool run_world_opts(run *rs, int world, int zero, int accum, opts o) {
     td_comm *comms[MAXR] = {0};
     td_err err = {0};
     if (world > 1 && td_comm_local_create(world, comms, &err) != TD_OK) {
@@ -116,18 +160,23 @@ static bool run_world_bad(run *rs, int world, int zero, int accum, int bf16, siz
     }
     pthread_t th[MAXR];
     for (int r = 0; r < world; r++) {
-        rs[r] = (run){.world = world, .rank = r, .zero = zero, .accum = accum, .bf16 = bf16, .bucket = bucket,
-                      .comm = comms[r], .bad_rank = bad_rank};
+        rs[r] = (run){.world = world, .rank = r, .zero = zero, .accum = accum, .bf16 = o.bf16, .bucket = o.bucket,
+                      .comm = comms[r], .bad_rank = o.bad_rank, .ring = o.ring, .tied = o.tied,
+                      .stall_ms = o.stall_ms, .timeout_ms = o.timeout_ms, .with = o.with};
         pthread_create(&th[r], NULL, train, &rs[r]);
     }
     bool ok = true;
     for (int r = 0; r < world; r++) {
         pthread_join(th[r], NULL);
-        if (bad_rank < 0) CHECK(rs[r].st == TD_OK, "world %d zero %d rank %d: %s", world, zero, r, rs[r].msg);
+        if (o.bad_rank < 0 && o.stall_ms <= 0)
+            CHECK(rs[r].st == TD_OK, "world %d zero %d rank %d: %s", world, zero, r, rs[r].msg);
         ok &= rs[r].st == TD_OK;
     }
     for (int r = 0; r < world; r++) td_comm_free(comms[r]);
     return ok;
+}
+static bool run_world_bad(run *rs, int world, int zero, int accum, int bf16, size_t bucket, int bad_rank) {
+    return run_world_opts(rs, world, zero, accum, (opts){.bf16 = bf16, .bucket = bucket, .bad_rank = bad_rank});
 }
 static bool run_world(run *rs, int world, int zero, int accum, int bf16, size_t bucket) {
     return run_world_bad(rs, world, zero, accum, bf16, bucket, -1);
@@ -192,12 +241,197 @@ static void test_accum_per_rank(int zero) {
     free_runs(&one, 1), free_runs(many, 2);
 }
 
+// ZeRO-2's gradient bytes on one rank by trainer.h's accounting, from the bucket plan derived here
+// from the layout (the ranges backward reports, merged downwards to `bucket` elements): the ring's
+// buffers (bucket b in buffer b % slots, each the largest it takes), the tied embedding's bucket
+// (the last) and the shard (every other bucket's block of n / world and its tail).
+static size_t ring_formula(const td_tmodel *tm, size_t bucket, int world, int ring, int *slots_out) {
+    const td_model_config *c = td_tmodel_config(tm);
+    size_t n, starts[64], lo[64], len[64], hi;
+    td_tmodel_params_buf((td_tmodel *)tm, &n);
+    int ns = 0, nb = 0;
+    starts[ns++] = td_tmodel_find(tm, "model.norm.weight")->offset;
+    for (int l = c->n_layers - 1; l >= 0; l--) {
+        char name[64];
+        snprintf(name, sizeof name, "model.layers.%d.input_layernorm.weight", l);
+        starts[ns++] = td_tmodel_find(tm, name)->offset;
+    }
+    starts[ns++] = 0;
+    hi = n;
+    for (int i = 0; i < ns; i++)
+        if (hi - starts[i] >= bucket || i == ns - 1) lo[nb] = starts[i], len[nb++] = hi - starts[i], hi = starts[i];
+    const int n_ring = nb - (c->tie_embeddings ? 1 : 0), slots = ring < n_ring ? ring : n_ring;
+    size_t elems = c->tie_embeddings ? len[nb - 1] : 0, slot_n[64] = {0};
+    for (int b = 0; b < n_ring; b++) {
+        if (len[b] > slot_n[b % slots]) slot_n[b % slots] = len[b];
+        elems += len[b] - len[b] / (size_t)world * (size_t)(world - 1);
+    }
+    for (int i = 0; i < slots; i++) elems += slot_n[i];
+    (void)lo;
+    *slots_out = slots;
+    return elems * sizeof(float);
+}
+
+// ZeRO-2 through the gradient ring against one rank accumulating the same micro-batches: the same
+// bits (losses, weights) at N ranks, tied and untied, with 1 and 2 ring buffers; the model holds no
+// gradient buffer while the trainer lives (and has it back after), and the trainer's gradient
+// bytes are the formula's.
+static void test_ring(int world, int tied, int ring, int bf16, int with) {
+    run one = {0}, many[MAXR] = {0};
+    const size_t bucket = 700;
+    if (!run_world_opts(&one, 1, 0, world, (opts){.bf16 = bf16, .bucket = bucket, .bad_rank = -1, .tied = tied}) ||
+        !run_world_opts(many, world, 2, 1,
+                        (opts){.bf16 = bf16, .bucket = bucket, .bad_rank = -1, .tied = tied, .ring = ring, .with = with})) {
+        free_runs(&one, 1), free_runs(many, world);
+        return;
+    }
+    int same_loss = 1, same_w = 1, norm_ok = 1;
+    for (int s = 0; s < STEPS; s++)
+        for (int r = 0; r < world; r++) {
+            same_loss &= memcmp(&many[r].loss[s], &one.loss[s], sizeof(double)) == 0;
+            norm_ok &= fabs(many[r].norm[s] - one.norm[s]) <= 1e-12 * one.norm[s];
+        }
+    for (int r = 0; r < world; r++) same_w &= many[r].n == one.n && !memcmp(many[r].weights, one.weights, one.n * sizeof(float));
+    const char *what = tied ? "tied" : "untied";
+    CHECK(same_loss && norm_ok && same_w,
+          "%d ranks, ZeRO 2, ring of %d, %s%s%s: losses, norms (1e-12) and weights equal one rank's bit for bit", world,
+          ring, what, bf16 ? ", bf16" : "", with ? ", td_trainer_step_with" : "");
+    // The memory: what is allocated against the formula, on every rank.
+    td_tmodel *tm = NULL;
+    td_err err = {0};
+    const td_model_config c = config(tied);
+    td_tmodel_params mp = td_tmodel_default_params();
+    mp.batch = 1, mp.seq_len = T, mp.n_threads = 1;
+    if (td_tmodel_create(&c, &mp, &tm, &err)) {
+        CHECK(0, "model: %s", err.msg);
+    } else {
+        int slots = 0;
+        const size_t want = ring_formula(tm, bucket, world, ring, &slots);
+        int ok = 1;
+        for (int r = 0; r < world; r++) {
+            const td_trainer_memory *m = &many[r].mem;
+            ok &= many[r].model_grads == 0 && many[r].model_grads_after == one.n * sizeof(float);
+            ok &= m->grads_bytes == want && m->ring_slots == slots &&
+                  m->grads_bytes == m->grads_shard_bytes + m->grads_ring_bytes + m->grads_tied_bytes;
+            ok &= (m->grads_tied_bytes != 0) == (tied != 0);
+        }
+        CHECK(ok, "%d ranks, ring of %d, %s: no model gradient buffer (restored after: %zu bytes), gradients %zu bytes "
+              "= shard %zu + ring %zu + tied %zu, the formula's %zu",
+              world, ring, what, many[0].model_grads_after, many[0].mem.grads_bytes, many[0].mem.grads_shard_bytes,
+              many[0].mem.grads_ring_bytes, many[0].mem.grads_tied_bytes, want);
+        td_tmodel_free(tm);
+    }
+    printf("%d ranks, ZeRO 2, ring of %d, %s: bit-identical to one rank; gradients %zu bytes (full: %zu)\n", world, ring,
+           what, many[0].mem.grads_bytes, one.n * sizeof(float));
+    free_runs(&one, 1), free_runs(many, world);
+}
+
+// With several micro-batches per rank, ZeRO-2 through the ring gives the bits of ZeRO-2 through the
+// full-size gradient buffer (grad_ring -1: the same reductions in the same order).
+static void test_ring_accum(int world, int tied, int accum) {
+    run full[MAXR] = {0}, ring[MAXR] = {0};
+    const opts o = {.bucket = 700, .bad_rank = -1, .tied = tied};
+    opts of = o, orr = o;
+    of.ring = -1, orr.ring = 2;
+    if (!run_world_opts(full, world, 2, accum, of) || !run_world_opts(ring, world, 2, accum, orr)) {
+        free_runs(full, world), free_runs(ring, world);
+        return;
+    }
+    int same = 1;
+    for (int r = 0; r < world; r++) {
+        same &= !memcmp(full[r].loss, ring[r].loss, sizeof full[r].loss) && !memcmp(full[r].norm, ring[r].norm, sizeof full[r].norm);
+        same &= full[r].n == ring[r].n && !memcmp(full[r].weights, ring[r].weights, full[r].n * sizeof(float));
+    }
+    CHECK(same, "%d ranks x %d micro-batches, ZeRO 2, %s: the ring gives the full-size buffer's losses, norms and weights "
+          "bit for bit", world, accum, tied ? "tied" : "untied");
+    CHECK(full[0].mem.ring_slots == 0 && full[0].model_grads == full[0].n * sizeof(float) && ring[0].mem.ring_slots > 0 &&
+              ring[0].model_grads == 0 && ring[0].mem.accum_bytes < full[0].n * sizeof(float),
+          "grad_ring -1 keeps the model's buffer, 2 frees it; the accumulator is shard-sized either way");
+    free_runs(full, world), free_runs(ring, world);
+}
+
+// The default (grad_ring 0) takes the ring only where it holds fewer bytes than the full-size
+// buffer: not for the 2-layer model in buckets of a layer (2 buffers of a layer + the shard > P),
+// but for 8 layers; and the gradient bytes shrink with the ranks. Trainers are only created (the
+// plan needs no communication).
+static void test_ring_auto(void) {
+    td_err err = {0};
+    for (int layers = 2; layers <= 8; layers += 6) {
+        td_model_config c = config(1);
+        c.n_layers = layers;
+        size_t prev = 0;
+        for (int world = 2; world <= 4; world += 2) {
+            td_comm *comms[MAXR] = {0};
+            td_tmodel *tm = NULL;
+            td_trainer *tr = NULL;
+            td_tmodel_params mp = td_tmodel_default_params();
+            mp.batch = 1, mp.seq_len = T, mp.n_threads = 1;
+            td_trainer_params tp = td_trainer_default_params();
+            tp.zero = 2, tp.bucket_elems = 700;
+            if (td_comm_local_create(world, comms, &err) || td_tmodel_create(&c, &mp, &tm, &err) ||
+                ((tp.comm = comms[world - 1]), td_trainer_create(tm, &tp, &tr, &err))) {
+                CHECK(0, "%s", err.msg);
+            } else {
+                size_t n;
+                td_tmodel_params_buf(tm, &n);
+                const td_trainer_memory m = td_trainer_memory_of(tr);
+                int slots = 0;
+                const size_t want = ring_formula(tm, 700, world, 2, &slots);
+                if (layers == 2)
+                    CHECK(want >= n * sizeof(float) && m.ring_slots == 0 && m.grads_bytes == n * sizeof(float) &&
+                              td_tmodel_grads_bytes(tm) == n * sizeof(float),
+                          "%d layers, %d ranks: the ring (%zu bytes) would not be smaller: the full-size buffer", layers,
+                          world, want);
+                else
+                    CHECK(want < n * sizeof(float) && m.ring_slots == 2 && m.grads_bytes == want &&
+                              td_tmodel_grads_bytes(tm) == 0 && (prev == 0 || m.grads_bytes < prev),
+                          "%d layers, %d ranks: the ring, %zu bytes of gradients (the formula's %zu, the full %zu, at "
+                          "half the ranks %zu)",
+                          layers, world, m.grads_bytes, want, n * sizeof(float), prev);
+                prev = m.grads_bytes;
+                if (layers > 2) {  // the ring holds the model's gradients: a second trainer is refused
+                    td_trainer *t2 = NULL;
+                    td_err e2 = {0};
+                    CHECK(td_trainer_create(tm, &tp, &t2, &e2) == TD_ERR_INVALID && !t2 && strstr(e2.msg, "gradient buffer"),
+                          "a second trainer on a model whose gradients a ring holds: %s", e2.msg);
+                }
+            }
+            td_trainer_free(tr);
+            td_tmodel_free(tm);
+            for (int r = 0; r < world; r++) td_comm_free(comms[r]);
+        }
+    }
+}
+
+// A rank that stops in the middle of its backward: the peer waiting to reuse a ring buffer (the
+// reduction that reads it needs the stalled rank) fails at its deadline with TD_ERR_TIMEOUT naming
+// that rank, and the stalled one then fails too; nobody hangs.
+static void test_ring_timeout(void) {
+    run rs[2];
+    run_world_opts(rs, 2, 2, 1, (opts){.bucket = 700, .bad_rank = -1, .ring = 1, .stall_ms = 1500, .timeout_ms = 300});
+    CHECK(rs[0].st == TD_ERR_TIMEOUT && strstr(rs[0].msg, "1"), "rank 0 times out waiting for rank 1 (%d: %s)",
+          (int)rs[0].st, rs[0].msg);
+    CHECK(rs[1].st != TD_OK, "the stalled rank's step fails too (%s)", rs[1].msg);
+    free_runs(rs, 2);
+}
+
 int main(void) {
     for (int world = 2; world <= 4; world++)
         for (int zero = 0; zero <= 2; zero++) test_equivalence(world, zero, 0);
     test_equivalence(2, 1, 1);
     test_equivalence(4, 2, 1);
     for (int zero = 0; zero <= 2; zero++) test_accum_per_rank(zero);
+    for (int world = 2; world <= 4; world += 2)
+        for (int tied = 0; tied <= 1; tied++) {
+            test_ring(world, tied, 1, 0, 0);
+            test_ring(world, tied, 2, 0, 0);
+            test_ring_accum(world, tied, 2);
+        }
+    test_ring(3, 1, 2, 0, 0);
+    test_ring(4, 1, 2, 1, 0);
+    test_ring(2, 1, 2, 0, 1);  // the micro-batches through td_trainer_step_with (RL's step)
+    test_ring_auto();
+    test_ring_timeout();
     test_bad_rank();
     TEST_DONE();
 }

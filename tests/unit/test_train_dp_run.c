@@ -20,6 +20,7 @@
 
 enum { STEPS = 6, HALF = 3, MAXR = 4 };
 static char g_dir[256], g_shard[320];
+static int g_ring;  // td_trainer_params.grad_ring of the runs (ZeRO-2's gradient ring; 0: the default)
 
 static td_train_run_params tiny(int batch, int accum, const char *out, const char *metrics, long steps) {
     static const char *shards[1];
@@ -68,7 +69,7 @@ static td_status run_world(int world, int zero, int batch, int accum, const char
     pthread_t th[MAXR];
     for (int r = 0; r < world; r++) {
         jobs[r] = (job){.p = tiny(batch, accum, out, metrics, steps)};
-        jobs[r].p.trainer.comm = comms[r], jobs[r].p.trainer.zero = zero;
+        jobs[r].p.trainer.comm = comms[r], jobs[r].p.trainer.zero = zero, jobs[r].p.trainer.grad_ring = g_ring;
         pthread_create(&th[r], NULL, run_job, &jobs[r]);
     }
     td_status st = TD_OK;
@@ -107,8 +108,8 @@ static char ref_loss[STEPS][48];
 // N ranks at the global batch against the reference (one rank, batch 4 / N... see main).
 static void check_world(int world, int zero) {
     char out[400], met[400], msg[600] = "";
-    snprintf(out, sizeof out, "%s/w%d_z%d", g_dir, world, zero);
-    snprintf(met, sizeof met, "%s/w%d_z%d.jsonl", g_dir, world, zero);
+    snprintf(out, sizeof out, "%s/w%d_z%d%s", g_dir, world, zero, g_ring ? "_ring" : "");
+    snprintf(met, sizeof met, "%s/w%d_z%d%s.jsonl", g_dir, world, zero, g_ring ? "_ring" : "");
     td_status st = run_world(world, zero, 4, 1, out, met, STEPS, msg, sizeof msg);
     CHECK(st == TD_OK, "%d ranks, ZeRO %d: %s", world, zero, msg);
     char loss[STEPS + 2][48];
@@ -149,11 +150,16 @@ int main(void) {
         int w[STEPS + 2];
         CHECK(read_metrics(met, ref_loss, STEPS, w) == STEPS && w[0] == 1, "reference metrics");
         for (int zero = 0; zero <= 2; zero++) check_world(world, zero);
+        g_ring = 1;  // ZeRO-2 through a ring of one buffer (this model's default is the full-size buffer)
+        check_world(world, 2);
+        g_ring = 0;
     }
 
     // Resharding on resume: 4 ranks (ZeRO-2) stop at step 3; 2 ranks (ZeRO-1) go on to 6 and must
-    // log the uninterrupted 4-rank run's losses (= ref4's); the same from 2 ranks to 1.
+    // log the uninterrupted 4-rank run's losses (= ref4's); the same from 2 ranks to 1. The ZeRO-2
+    // runs write their gradients through the ring.
     {
+        g_ring = 1;
         char out[400], met[400];
         snprintf(out, sizeof out, "%s/reshard", g_dir);
         snprintf(met, sizeof met, "%s/reshard.jsonl", g_dir);
@@ -195,6 +201,7 @@ int main(void) {
         for (int i = 0; eq && i < n1; i++) eq = !strcmp(loss[i], ref[i]);
         CHECK(eq, "2 ranks (ZeRO-2) to step %d, resumed on 1 rank to %d: every loss equals the uninterrupted run's bit "
                   "for bit", HALF, STEPS);
+        g_ring = 0;
     }
     // 1 rank to step 3, then 3 ranks (batch 3 = 3 x 1): the loader position and the whole state
     // carry over; the losses after the resume match one rank at batch 1 x 3 exactly.

@@ -1,8 +1,10 @@
 // `mpirun -np N tandem train` end to end: real processes, the MPI communicator, the real binary
 // ($TANDEM_BIN). N ranks at --batch 4 log the losses of one process at --batch 4/N --accum N bit
 // for bit (the metrics lines' 17-digit text), with plain DP, ZeRO-1 and ZeRO-2, at N = 2 and 4,
-// and carry world_size; a checkpoint written by 2 ranks resumes on 1 with the same losses; a rank
-// killed with SIGKILL mid-run ends the job within a bound (never a hang), and resuming from the
+// and carry world_size; ZeRO-2 through the gradient ring (--grad-ring) likewise, tied and untied,
+// and with 2 micro-batches per rank it logs ZeRO-2's full-size-buffer losses bit for bit, its
+// gradient bytes shrinking from np 2 to 4; a checkpoint written by 2 ranks resumes on 1 with the
+// same losses; a rank killed with SIGKILL mid-run ends the job within a bound (never a hang), and resuming from the
 // last checkpoint reproduces the uninterrupted run. Every mpirun runs under an outer deadline in
 // its own process group. Skipped (77) without MPI in the build or mpirun on PATH.
 // The same equivalence without processes: test_train_dp_run.
@@ -154,6 +156,24 @@ static int same(const char *a, const char *b, int expect_n, int world_a) {
 
 static void path(char *dst, size_t cap, const char *name) { snprintf(dst, cap, "%s/%s", g_dir, name); }
 
+// From run `tag`'s log (rank 0's start-up lines): the parameter count and, with ZeRO-2's gradient
+// ring, the gradient bytes ("= N bytes"); 0 where absent.
+static void grad_bytes(const char *tag, long *params, long *grads) {
+    char p[400], line[2048];
+    snprintf(p, sizeof p, "%s/%s.log", g_dir, tag);
+    FILE *f = fopen(p, "r");
+    *params = *grads = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *a = strstr(line, "train: "), *b = strstr(line, " bytes; paper 4P/N");
+        if (a && strstr(line, " parameters, ") && !*params) *params = atol(a + 7);
+        if (b) {
+            while (b > line && b[-1] >= '0' && b[-1] <= '9') b--;
+            *grads = atol(b);
+        }
+    }
+    if (f) fclose(f);
+}
+
 // The pid of the `tandem train` process that is MPI rank `rank` (its environment names it).
 static pid_t find_rank(int rank) {
     DIR *d = opendir("/proc");
@@ -235,6 +255,52 @@ int main(void) {
             CHECK(rc == 0 && same(m, m_ref, STEPS, np),
                   "mpirun -np %d --zero %d: every step's loss equals one process's bit for bit, world_size %d", np, zero, np);
         }
+        // ZeRO-2 through a gradient ring of one buffer (this model's default is the full-size one).
+        char t2[32], mn[40];
+        snprintf(t2, sizeof t2, "np%d_ring", np);
+        snprintf(mn, sizeof mn, "np%d_ring.jsonl", np);
+        path(m, sizeof m, mn);
+        const char *e3[] = {"--batch", "4", "--zero", "2", "--grad-ring", "1", "--steps", steps, "--metrics", m, NULL};
+        const int rc = run(np, t2, e3);
+        CHECK(rc == 0 && same(m, m_ref, STEPS, np),
+              "mpirun -np %d --zero 2 --grad-ring 1: every step's loss equals one process's bit for bit (exit %d)", np, rc);
+    }
+    {  // The ring's gradient bytes (rank 0's start-up line) shrink with the ranks, below 4 P at 4.
+        long p2, g2, p4, g4;
+        grad_bytes("np2_ring", &p2, &g2);
+        grad_bytes("np4_ring", &p4, &g4);
+        CHECK(p2 > 0 && p2 == p4 && g2 > 0 && g4 > 0 && g4 < g2 && g4 < 4 * p4,
+              "ZeRO-2's ring: gradients %ld bytes per rank at np 2, %ld at np 4 (full: %ld)", g2, g4, 4 * p2);
+        printf("ZeRO-2, ring of 1: gradients %ld bytes per rank at np 2, %ld at np 4, full buffer %ld\n", g2, g4, 4 * p2);
+    }
+    // Untied, and 2 micro-batches per rank: the ring of 2 gives the full-size buffer's losses bit
+    // for bit (the same reductions in the same order), and the untied ring one process's at accum 1.
+    {
+        char mr[400], mf[400];
+        path(m_ref, sizeof m_ref, "untied_ref.jsonl");
+        const char *e1[] = {"--untied", "--batch", "2", "--accum", "2", "--steps", steps, "--metrics", m_ref, NULL};
+        CHECK(run(0, "untied_ref", e1) == 0, "one process, untied, batch 2 x 2");
+        path(m, sizeof m, "untied_ring.jsonl");
+        const char *e2[] = {"--untied", "--batch", "4", "--zero", "2", "--grad-ring", "2", "--steps", steps, "--metrics", m, NULL};
+        int rc = run(2, "untied_ring", e2);
+        CHECK(rc == 0 && same(m, m_ref, STEPS, 2), "mpirun -np 2 --untied --zero 2 --grad-ring 2: one process's losses (exit %d)",
+              rc);
+        for (int untied = 0; untied <= 1; untied++)
+            for (int np = 2; np <= 4; np += 2) {
+                char tr[40], tf[40];
+                snprintf(tr, sizeof tr, "acc_ring_u%d_np%d", untied, np), snprintf(tf, sizeof tf, "acc_full_u%d_np%d", untied, np);
+                path(mr, sizeof mr, tr), path(mf, sizeof mf, tf);
+                strcat(mr, ".jsonl"), strcat(mf, ".jsonl");
+                const char *er[] = {"--batch", "4", "--accum", "2", "--zero", "2", "--grad-ring", "2", "--steps", steps,
+                                    "--metrics", mr, untied ? "--untied" : NULL, NULL};
+                const char *ef[] = {"--batch", "4", "--accum", "2", "--zero", "2", "--grad-ring", "-1", "--steps", steps,
+                                    "--metrics", mf, untied ? "--untied" : NULL, NULL};
+                rc = run(np, tr, er);
+                const int rf = run(np, tf, ef);
+                CHECK(rc == 0 && rf == 0 && same(mr, mf, STEPS, np),
+                      "mpirun -np %d%s --accum 2 --zero 2: the ring of 2 logs the full-size buffer's losses bit for bit "
+                      "(exit %d, %d)", np, untied ? " --untied" : "", rc, rf);
+            }
     }
 
     // Resume on another world size: 2 ranks (ZeRO-1) to step 3, then one process to 6, against
