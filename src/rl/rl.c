@@ -247,30 +247,14 @@ static td_status save_ckpt(loop *L, td_err *err) {
     td_tmodel_params_to_host(tm);
     td_adamw *o = td_trainer_adamw(L->tr);
     td_adamw_state_to_host(o);
-    size_t n;
-    td_tmodel_params_buf(tm, &n);
     td_ckpt_tensor *ts = calloc((size_t)nt + 2, sizeof *ts);
-    char *names = calloc((size_t)nt, 80);
+    char *names = calloc((size_t)nt, TD_TRAIN_CKPT_NAME);
     if (!ts || !names) {
         free(ts);
         free(names);
         return td_err_set(err, TD_ERR_NOMEM, "rl: out of memory");
     }
-    for (int i = 0; i < nt; i++) {
-        const td_tparam *t = td_tmodel_tensor(tm, i);
-        char *nm = names + (size_t)i * 80;
-        snprintf(nm, 80, "param.%s", t->name);
-        ts[i] = (td_ckpt_tensor){.name = nm,
-                                 .dtype = TD_F32,
-                                 .ndim = t->rows == 1 ? 1 : 2,
-                                 .shape = {t->rows == 1 ? t->cols : t->rows, t->cols},
-                                 .data = t->host,
-                                 .nbytes = (size_t)(t->rows * t->cols) * sizeof(float)};
-    }
-    ts[nt] = (td_ckpt_tensor){.name = "adam.m", .dtype = TD_F32, .ndim = 1, .shape = {(int64_t)n},
-                              .data = td_adamw_host_m(o), .nbytes = n * sizeof(float)};
-    ts[nt + 1] = (td_ckpt_tensor){.name = "adam.v", .dtype = TD_F32, .ndim = 1, .shape = {(int64_t)n},
-                                  .data = td_adamw_host_v(o), .nbytes = n * sizeof(float)};
+    td_train_ckpt_tensors(tm, td_adamw_host_m(o), td_adamw_host_v(o), ts, names);
     // Async: groups in flight or buffered are not saved; the resumed run drops them and submits
     // afresh (the bound holds: the gate restarts from the resumed version).
     const int pending = count_state(L, G_INFLIGHT) + count_state(L, G_READY);
@@ -324,19 +308,7 @@ static td_status restore_ckpt(loop *L, bool *found, td_err *err) {
         goto done;
     }
     td_tmodel *tm = L->tm;
-    for (int i = 0; i < td_tmodel_n_tensors(tm); i++) {
-        const td_tparam *t = td_tmodel_tensor(tm, i);
-        char nm[96];
-        snprintf(nm, sizeof nm, "param.%s", t->name);
-        const td_ckpt_tensor *x = td_ckpt_find(ck, nm);
-        const size_t nb = (size_t)(t->rows * t->cols) * sizeof(float);
-        if (!x || x->dtype != TD_F32 || x->nbytes != nb) {
-            st = td_err_set(err, TD_ERR_FORMAT, "rl: %s: %s is missing or does not match the policy", L->c->out_dir, nm);
-            goto done;
-        }
-        memcpy(t->host, x->data, nb);
-    }
-    td_tmodel_params_from_host(tm);
+    if ((st = td_train_ckpt_load_params(tm, ck, L->c->out_dir, err))) goto done;
     size_t np;
     td_tmodel_params_buf(tm, &np);
     const td_ckpt_tensor *m = td_ckpt_find(ck, "adam.m"), *v = td_ckpt_find(ck, "adam.v");

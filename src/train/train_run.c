@@ -196,37 +196,15 @@ static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *t
     const int nt = td_tmodel_n_tensors(tm);
     td_tmodel_params_to_host(tm);
     td_ckpt_tensor *ts = calloc((size_t)nt + 2, sizeof *ts);
-    char *names = calloc((size_t)nt, 80);
+    char *names = calloc((size_t)nt, TD_TRAIN_CKPT_NAME);
     if (!ts || !names) {
         free(ts);
         free(names);
         return td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
     }
-    for (int i = 0; i < nt; i++) {
-        const td_tparam *t = td_tmodel_tensor(tm, i);
-        char *nm = names + (size_t)i * 80;
-        snprintf(nm, 80, "param.%s", t->name);
-        ts[i] = (td_ckpt_tensor){.name = nm,
-                                 .dtype = TD_F32,
-                                 .ndim = t->rows == 1 ? 1 : 2,
-                                 .shape = {t->rows == 1 ? t->cols : t->rows, t->cols},
-                                 .data = t->host,
-                                 .nbytes = (size_t)(t->rows * t->cols) * sizeof(float)};
-    }
+    td_train_ckpt_tensors(tm, am, av, ts, names);
     size_t n;
     td_tmodel_params_buf(tm, &n);
-    ts[nt] = (td_ckpt_tensor){.name = "adam.m",
-                              .dtype = TD_F32,
-                              .ndim = 1,
-                              .shape = {(int64_t)n},
-                              .data = am,
-                              .nbytes = n * sizeof(float)};
-    ts[nt + 1] = (td_ckpt_tensor){.name = "adam.v",
-                                  .dtype = TD_F32,
-                                  .ndim = 1,
-                                  .shape = {(int64_t)n},
-                                  .data = av,
-                                  .nbytes = n * sizeof(float)};
     char pos[160];
     td_loader_pos lp = td_loader_tell(ld);
     td_loader_pos_format(&lp, pos, sizeof pos);
@@ -279,8 +257,38 @@ static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *t
     return st;
 }
 
+int td_train_ckpt_tensors(td_tmodel *tm, const float *am, const float *av, td_ckpt_tensor *ts, char *names) {
+    const int nt = td_tmodel_n_tensors(tm);
+    for (int i = 0; i < nt; i++) {
+        const td_tparam *t = td_tmodel_tensor(tm, i);
+        char *nm = names + (size_t)i * TD_TRAIN_CKPT_NAME;
+        snprintf(nm, TD_TRAIN_CKPT_NAME, "param.%s", t->name);
+        ts[i] = (td_ckpt_tensor){.name = nm,
+                                 .dtype = TD_F32,
+                                 .ndim = t->rows == 1 ? 1 : 2,
+                                 .shape = {t->rows == 1 ? t->cols : t->rows, t->cols},
+                                 .data = t->host,
+                                 .nbytes = (size_t)(t->rows * t->cols) * sizeof(float)};
+    }
+    size_t n;
+    td_tmodel_params_buf(tm, &n);
+    ts[nt] = (td_ckpt_tensor){.name = "adam.m",
+                              .dtype = TD_F32,
+                              .ndim = 1,
+                              .shape = {(int64_t)n},
+                              .data = am,
+                              .nbytes = n * sizeof(float)};
+    ts[nt + 1] = (td_ckpt_tensor){.name = "adam.v",
+                                  .dtype = TD_F32,
+                                  .ndim = 1,
+                                  .shape = {(int64_t)n},
+                                  .data = av,
+                                  .nbytes = n * sizeof(float)};
+    return nt + 2;
+}
+
 // Into the host view, then uploaded.
-static td_status copy_params(td_tmodel *tm, const td_ckpt *ck, const char *what, td_err *err) {
+td_status td_train_ckpt_load_params(td_tmodel *tm, const td_ckpt *ck, const char *what, td_err *err) {
     for (int i = 0; i < td_tmodel_n_tensors(tm); i++) {
         const td_tparam *t = td_tmodel_tensor(tm, i);
         char nm[96];
@@ -300,7 +308,7 @@ td_status td_train_load_ckpt_params(td_tmodel *tm, const char *path, td_err *err
     td_ckpt *ck = NULL;
     td_status st = td_ckpt_open(path, &ck, err);
     if (st) return st;
-    st = copy_params(tm, ck, path, err);
+    st = td_train_ckpt_load_params(tm, ck, path, err);
     td_ckpt_close(ck);
     return st;
 }
@@ -315,7 +323,7 @@ static td_status restore(const td_train_run_params *p, td_tmodel *tm, td_trainer
     td_status st = td_ckpt_dir_load_latest(p->out_dir, &ck, &step, err);
     if (st == TD_ERR_NOT_FOUND) return TD_OK;
     if (st) return st;
-    if ((st = copy_params(tm, ck, p->out_dir, err))) goto done;
+    if ((st = td_train_ckpt_load_params(tm, ck, p->out_dir, err))) goto done;
     td_adamw *o = td_trainer_adamw(tr);
     const td_ckpt_tensor *m = td_ckpt_find(ck, "adam.m"), *v = td_ckpt_find(ck, "adam.v");
     size_t np;

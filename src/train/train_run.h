@@ -69,6 +69,16 @@ td_status td_train_load_ckpt_params(td_tmodel *tm, const char *ckpt_path, td_err
 // metadata (parsed as an HF config.json), and the f32 values of parameter hf_name (ctx: the
 // opened const td_ckpt *; TD_ERR_NOT_FOUND for an absent tensor or another size).
 struct td_ckpt;
+struct td_ckpt_tensor;
+// The tensors of a one-file checkpoint of tm, as td_train_run writes them (also the RL loop's):
+// "param.<hf name>" (f32, from the host view: sync it first) for every parameter, then "adam.m"
+// and "adam.v" (am, av: [n_params] each). ts has room for td_tmodel_n_tensors(tm) + 2 entries and
+// names for td_tmodel_n_tensors(tm) * TD_TRAIN_CKPT_NAME bytes; returns the count written.
+#define TD_TRAIN_CKPT_NAME 80
+int td_train_ckpt_tensors(td_tmodel *tm, const float *am, const float *av, struct td_ckpt_tensor *ts, char *names);
+// Every "param.<name>" of an opened checkpoint into tm's host view, then uploaded; TD_ERR_FORMAT
+// naming `what` and the tensor when one is missing or of another size.
+td_status td_train_ckpt_load_params(td_tmodel *tm, const struct td_ckpt *ck, const char *what, td_err *err);
 // The model's hyper-parameters as an HF config.json object (what td_config_from_hf_json reads):
 // the "config" of a checkpoint's metadata. Owned by the caller (cJSON_Delete); NULL out of memory.
 struct cJSON;

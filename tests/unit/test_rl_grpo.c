@@ -20,6 +20,7 @@
 #include "model/safetensors.h"
 #include "rl/grpo.h"
 #include "rl/rollout.h"
+#include "oracle_file.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "train/model_train.h"
@@ -29,15 +30,6 @@
 enum { R = 4, G = 2, T = 10 };
 static const float TEMP = 0.7f, EPS_LO = 0.2f, EPS_HI = 0.28f, KL = 0.1f, CAP = 2.0f, LR = 0.05f;
 
-static const float *oget(td_st_file *o, const char *name, int64_t n) {
-    td_tensor t;
-    td_err err = {0};
-    if (td_st_get(o, name, &t, &err) != TD_OK || t.type != TD_F32 || td_tensor_nelem(&t) != n) {
-        CHECK(0, "oracle tensor %s missing or wrong size (%s)", name, err.msg);
-        return NULL;
-    }
-    return t.data;
-}
 
 static void check_close(const char *what, const char *name, const float *got, const float *want, int64_t n,
                         double rtol, double atol) {

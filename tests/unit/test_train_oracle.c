@@ -12,6 +12,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "oracle_file.h"
 #include "test_util.h"
 #include "train/gemm.h"
 #include "train/model_train.h"
@@ -33,15 +34,6 @@ static const char *CONFIGS[] = {"mha_untied", "gqa_tied", "qwen3_hd12", "qwen2_b
 #define BF16_LOSS_RTOL 1e-2
 #define BF16_GRAD_REL 5e-2  // ||g - g_ref|| / ||g_ref|| per tensor
 
-static const float *oget(td_st_file *o, const char *name, int64_t n) {
-    td_tensor t;
-    td_err err = {0};
-    if (td_st_get(o, name, &t, &err) != TD_OK || t.type != TD_F32 || td_tensor_nelem(&t) != n) {
-        CHECK(0, "oracle tensor %s missing or wrong size (%s)", name, err.msg);
-        return NULL;
-    }
-    return t.data;
-}
 
 // Elementwise check with a per-tensor summary (one CHECK per tensor).
 static void check_close(const char *what, const char *name, const float *got, const float *want,

@@ -33,78 +33,18 @@
 #include "model/export.h"
 #include "rl/push.h"
 #include "run_cmd.h"
+#include "serve_proc.h"
 #include "test_util.h"
 #include "train/ckpt.h"
 #include "train/train_run.h"
 
 static const char *KEY = "test-key-7f3a";
 
-typedef struct server {
-    pid_t pid;
-    int out_fd;
-    int port;
-} server;
-
+static const char *const SERVE_BASE[] = {"--threads", "1", "--max-seqs", "8", NULL};
 static bool start_server(const char *bin, const char *model, const char *const *extra, server *s) {
-    int pfd[2];
-    if (pipe(pfd) != 0) return false;
-    pid_t pid = fork();
-    if (pid < 0) return false;
-    if (pid == 0) {
-        dup2(pfd[1], 1);
-        close(pfd[0]);
-        close(pfd[1]);
-        const char *argv[32] = {bin, "serve", model, "--port", "0", "--threads", "1", "--max-seqs", "8"};
-        int n = 9;
-        for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = extra[i];
-        argv[n] = NULL;
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    close(pfd[1]);
-    s->pid = pid;
-    s->out_fd = pfd[0];
-    s->port = 0;
-    char line[1024];
-    size_t n = 0;
-    double t0 = td_now();
-    while (td_now() - t0 < 20 && n < sizeof line - 1) {
-        struct pollfd p = {.fd = s->out_fd, .events = POLLIN};
-        if (poll(&p, 1, 200) <= 0) continue;
-        ssize_t k = read(s->out_fd, line + n, sizeof line - 1 - n);
-        if (k <= 0) break;
-        n += (size_t)k;
-        line[n] = 0;
-        char *at = strstr(line, "listening on http://");
-        char *nl = at ? strchr(at, '\n') : NULL;
-        if (at && nl) {
-            char *colon = strrchr(at + 20, ':');
-            s->port = colon ? atoi(colon + 1) : 0;
-            break;
-        }
-    }
-    return s->port > 0;
+    return td_serve_start(bin, model, SERVE_BASE, extra, s);
 }
-
-static int stop_server(server *s) {
-    if (s->pid <= 0) return -1;
-    kill(s->pid, SIGTERM);
-    int status = 0;
-    double t0 = td_now();
-    while (td_now() - t0 < 15) {
-        if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
-            close(s->out_fd);
-            s->pid = 0;
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        }
-        usleep(10000);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, &status, 0);
-    close(s->out_fd);
-    s->pid = 0;
-    return -1;
-}
+static int stop_server(server *s) { return td_serve_stop(s); }
 
 // ---- HTTP through libcurl -----------------------------------------------------------------------
 
