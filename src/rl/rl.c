@@ -45,6 +45,7 @@ td_rl_config td_rl_config_default(void) {
     c.grad_clip = 1.0f;
     c.eval_problems = 2000;
     c.eval_k = 8;
+    c.eval_temperature = 1.0f;
     c.keep = 2;
     c.seed = 1;
     c.timeout_s = 120;
@@ -336,7 +337,7 @@ static td_status evaluate(loop *L, cJSON *line, td_rl_result *res, td_err *err) 
     td_rl_eval_params ep = td_rl_eval_default_params();
     ep.n_problems = L->c->eval_problems;
     ep.k = L->c->eval_k;
-    ep.temperature = L->c->sp.temperature > 0 ? L->c->sp.temperature : 1.0f;
+    ep.temperature = L->c->eval_temperature;
     ep.max_tokens = L->c->max_tokens;
     ep.seed = L->c->seed ^ 0xe7a1;
     ep.timeout_ms = L->c->timeout_s * 1000 * 10;

@@ -52,6 +52,7 @@ typedef struct td_rl_config {
     long eval_every;         // steps between evaluations (and at 0 and the end); 0: none
     int eval_problems;       // held-out problems (default 2000)
     int eval_k;              // pass@k (default 8)
+    float eval_temperature;  // of pass@k's samples (default 1, whatever the rollouts use)
     long ckpt_every;         // steps between checkpoints (and at the end); 0: only the end
     int keep;                // checkpoints kept (default 2)
     uint64_t seed;

@@ -183,12 +183,13 @@ td_status td_rl_config_load(const char *path, td_rl_config *out, td_rl_config_st
             if (!c.st && !r.remote && (r.n_urls || r.launch))
                 c.st = td_err_set(err, TD_ERR_INVALID, "%s: urls and launch need \"placement\": \"remote\"", path);
         }
-        static const char *const eval_keys[] = {"every", "problems", "k", NULL};
+        static const char *const eval_keys[] = {"every", "problems", "k", "temperature", NULL};
         const cJSON *v = item(root, "eval");
         if (v && known(&c, v, "eval", eval_keys)) {
             NUM_AS(&c, v, "every", 0, 1e9, r.eval_every, long);
             NUM_AS(&c, v, "problems", 1, 1e7, r.eval_problems, int);
             NUM_AS(&c, v, "k", 0, 64, r.eval_k, int);
+            NUM_AS(&c, v, "temperature", 1e-6, 100, r.eval_temperature, float);
         }
     }
     if (!c.st && !r.model) c.st = td_err_set(err, TD_ERR_INVALID, "%s: \"model\" is required", path);

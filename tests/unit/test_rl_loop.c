@@ -362,7 +362,7 @@ static void test_config(const char *tmp) {
     FILE *f = fopen(path, "w");
     fputs("{\"model\": \"m\", \"steps\": 3, \"mode\": \"async\", \"max_staleness\": 2, \"on_sync\": \"drop\", "
           "\"sampling\": {\"temperature\": 0.9, \"top_p\": 0.95}, \"grpo\": {\"std_norm\": false, \"kl_coef\": 0.01}, "
-          "\"engine\": {\"placement\": \"remote\", \"urls\": [\"http://127.0.0.1:1\"]}, \"eval\": {\"every\": 5}}",
+          "\"engine\": {\"placement\": \"remote\", \"urls\": [\"http://127.0.0.1:1\"]}, \"eval\": {\"every\": 5, \"temperature\": 0.5}}",
           f);
     fclose(f);
     td_rl_config c;
@@ -372,7 +372,7 @@ static void test_config(const char *tmp) {
     if (!err.msg[0]) {
         CHECK(c.steps == 3 && c.max_staleness == 2 && c.drop_on_sync && fabsf(c.sp.temperature - 0.9f) < 1e-6f &&
                   c.grpo.std_norm == 0 && c.remote && c.n_urls == 1 && !strcmp(c.urls[0], "http://127.0.0.1:1") &&
-                  c.eval_every == 5,
+                  c.eval_every == 5 && c.eval_temperature == 0.5f,
               "parsed values");
         td_rl_config_release(&st);
     }
