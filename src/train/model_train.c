@@ -41,6 +41,10 @@ struct td_tmodel {
     void *grad_hook_ctx;
     td_tmodel_grad_store_fn grad_store;  // td_tmodel_set_grad_store, or NULL: the gradient buffer
     void *grad_store_ctx;
+    // td_tmodel_set_tied_split: a tied embedding's gradient in pieces of tied_rows rows (0: whole).
+    int tied_rows;
+    float *tied_dy;      // [N, tied_rows] one piece's columns of d loss / d logits
+    int32_t *tied_tok;   // [N] the tokens as rows of one piece (tied_rows: outside it)
     size_t *layer_off;  // [L + 1] element offset of layer l's first tensor; [L]: model.norm.weight's
     td_model_config c;
     td_tmodel_params p;
@@ -611,6 +615,8 @@ td_status td_tmodel_create(const td_model_config *c, const td_tmodel_params *pp,
 void td_tmodel_free(td_tmodel *tm) {
     if (!tm) return;
     free(tm->tensors);
+    free(tm->tied_dy);
+    free(tm->tied_tok);
     free(tm->pw.l);
     free(tm->layer_off);
     free(tm->gw.l);
@@ -1000,6 +1006,49 @@ static void map_layer_grads(td_tmodel *tm, int l, float *base) {
                                  gshift(tm, p->w_up, base, o),      gshift(tm, p->w_down, base, o)};
 }
 
+// The tied embedding's pieces: rows [r0, r0 + rows) for r0 descending from the last piece.
+static int tied_piece(const td_tmodel *tm, int i, int *r0) {
+    const int R = tm->tied_rows, n_pieces = (tm->V + R - 1) / R, p = n_pieces - 1 - i;
+    *r0 = p * R;
+    return p < 0 ? 0 : (tm->V - *r0 < R ? tm->V - *r0 : R);
+}
+
+// The head's contribution to each piece (dW rows r0.. = dlogits[:, r0..]^T xnf), each reported.
+static td_status tied_head_pieces(td_tmodel *tm, td_err *err) {
+    const int N = tm->N, V = tm->V, D = tm->D;
+    int r0, rows;
+    for (int i = 0; (rows = tied_piece(tm, i, &r0)) > 0; i++) {
+        float *g = NULL;
+        td_status st = grads_at(tm, (size_t)r0 * D, (size_t)rows * D, &g, err);
+        if (st) return st;
+        for (int t = 0; t < N; t++)  // the piece's columns of dlogits, contiguous (a host backend)
+            memcpy(tm->tied_dy + (size_t)t * rows, tm->logits + (size_t)t * V + r0, (size_t)rows * sizeof(float));
+        mm_bwd(tm, tm->pw.output + (size_t)r0 * D, tm->xnf, tm->tied_dy, NULL, g, NULL, rows, D, 0, 0);
+        if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, (size_t)r0 * D, (size_t)rows * D);
+    }
+    return TD_OK;
+}
+
+// The embedding's contribution to each piece: the scatter-add of the tokens in the piece (the
+// others into the storage's scratch row, rows), each reported.
+static td_status tied_embed_pieces(td_tmodel *tm, td_err *err) {
+    const int N = tm->N, D = tm->D;
+    int r0, rows;
+    for (int i = 0; (rows = tied_piece(tm, i, &r0)) > 0; i++) {
+        float *g = NULL;
+        td_status st = grads_at(tm, (size_t)r0 * D, (size_t)rows * D, &g, err);
+        if (st) return st;
+        for (int t = 0; t < N; t++) {
+            const int r = tm->tokens[t] - r0;
+            tm->tied_tok[t] = r >= 0 && r < rows ? r : rows;
+        }
+        td_embed_bwd_args eb = {.tokens = tm->tied_tok, .dy = tm->dres, .dtable = g, .n_tok = N, .dim = D};
+        td_backend_embed_bwd(tm->be, &eb);
+        if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, (size_t)r0 * D, (size_t)rows * D);
+    }
+    return TD_OK;
+}
+
 static td_status backward_rest(td_tmodel *tm, td_err *err) {
     const int N = tm->N, V = tm->V, D = tm->D;
     const size_t head = tm->layer_off[tm->L], emb_n = tm->layer_off[0];
@@ -1008,12 +1057,20 @@ static td_status backward_rest(td_tmodel *tm, td_err *err) {
     // since the head's gradient adds into it at the start and the embedding's at the end.
     float *ge = NULL, *gh = NULL, *gl = NULL;
     td_status st;
-    if (tied && (st = grads_at(tm, 0, emb_n, &ge, err))) return st;
+    const int split = tied && tm->tied_rows > 0 && tm->grad_store;
+    if (split) {  // the head's part of the tied embedding's gradient, piece by piece, each reported
+        if (tm->bfg) bf16_pack_weights(tm, 1), tm->xkn_src = NULL;
+        mm_bwd(tm, tm->pw.output, tm->xnf, tm->logits, tm->dxn, NULL, NULL, V, D, 0, 0);  // dx only
+        if ((st = tied_head_pieces(tm, err))) return st;
+    }
+    if (tied && !split && (st = grads_at(tm, 0, emb_n, &ge, err))) return st;
     if ((st = grads_at(tm, head, tm->n_params - head, &gh, err))) return st;
     tm->gw.out_norm = gshift(tm, tm->pw.out_norm, gh, head);
-    tm->gw.output = tied ? gshift(tm, tm->pw.output, ge, 0) : gshift(tm, tm->pw.output, gh, head);
-    if (tm->bfg) bf16_pack_weights(tm, 1), tm->xkn_src = NULL;  // dx's B operands: W packed KN
-    mm_bwd(tm, tm->pw.output, tm->xnf, tm->logits, tm->dxn, tm->gw.output, NULL, V, D, 0, 0);
+    if (!split) {
+        tm->gw.output = tied ? gshift(tm, tm->pw.output, ge, 0) : gshift(tm, tm->pw.output, gh, head);
+        if (tm->bfg) bf16_pack_weights(tm, 1), tm->xkn_src = NULL;  // dx's B operands: W packed KN
+        mm_bwd(tm, tm->pw.output, tm->xnf, tm->logits, tm->dxn, tm->gw.output, NULL, V, D, 0, 0);
+    }
     rmsnorm_bwd(tm, tm->res[tm->L], tm->pw.out_norm, tm->dxn, tm->dres, tm->gw.out_norm, N, D, 0);
     // The hook hears of each range as its last contribution is issued (the slots before it are
     // in the backend's stream order): the head, layers L-1 .. 0, the embedding.
@@ -1028,12 +1085,29 @@ static td_status backward_rest(td_tmodel *tm, td_err *err) {
         layer_backward(tm, l, acts_of(tm, l));
         if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, lo, ln);
     }
+    if (split) return tied_embed_pieces(tm, err);
     if (!tied && (st = grads_at(tm, 0, emb_n, &ge, err))) return st;
     tm->gw.tok_embd = gshift(tm, tm->pw.tok_embd, ge, 0);
     td_embed_bwd_args eb = {
         .tokens = tm->tokens, .dy = tm->dres, .dtable = tm->gw.tok_embd, .n_tok = N, .dim = D};
     td_backend_embed_bwd(tm->be, &eb);
     if (tm->grad_hook) tm->grad_hook(tm->grad_hook_ctx, 0, emb_n);
+    return TD_OK;
+}
+
+td_status td_tmodel_set_tied_split(td_tmodel *tm, int rows, td_err *err) {
+    free(tm->tied_dy);
+    free(tm->tied_tok);
+    tm->tied_dy = NULL, tm->tied_tok = NULL, tm->tied_rows = 0;
+    if (rows <= 0) return TD_OK;
+    if (!tm->c.tie_embeddings || !td_backend_is_host(tm->be))
+        return td_err_set(err, TD_ERR_UNSUPPORTED,
+                          "train: a split embedding gradient needs tied embeddings on a host backend");
+    if (rows > tm->V) rows = tm->V;
+    tm->tied_dy = malloc((size_t)tm->N * (size_t)rows * sizeof(float));
+    tm->tied_tok = malloc((size_t)tm->N * sizeof(int32_t));
+    if (!tm->tied_dy || !tm->tied_tok) return td_err_set(err, TD_ERR_NOMEM, "train: out of memory");
+    tm->tied_rows = rows;
     return TD_OK;
 }
 

@@ -161,10 +161,22 @@ void td_tmodel_set_grad_hook(td_tmodel *tm, td_tmodel_grad_hook_fn fn, void *ctx
 // element off, n elements, zeros on return (backward adds into it), and must stay valid until
 // the hook has reported the range. Each range is asked for once per backward, in the hook's order,
 // except that a tied embedding's range (offset 0) is asked for first: the head's gradient adds
-// into it at the start of backward, the embedding's at the end. An error from fn stops the
+// into it at the start of backward, the embedding's at the end (td_tmodel_set_tied_split: in
+// pieces, each asked for twice instead). An error from fn stops the
 // backward, which returns it. fn NULL gives the model a full-size gradient buffer again (zeroed;
 // TD_ERR_NOMEM if it cannot be allocated: then backward fails until a later call succeeds).
 typedef td_status (*td_tmodel_grad_store_fn)(void *ctx, size_t off, size_t n, float **out, td_err *err);
 td_status td_tmodel_set_grad_store(td_tmodel *tm, td_tmodel_grad_store_fn fn, void *ctx, td_err *err);
+
+// With a grad store, a tied embedding's gradient in pieces of rows rows (the last piece the rest),
+// each asked for and reported as a range of its own, twice per backward: first every piece with
+// the head's contribution (dlogits' columns of the piece against the final normed activations),
+// before the head's range, then, after layer 0, every piece with the embedding's scatter-add. The
+// pieces come in descending order of offset each time; the second time fn's storage must hold one
+// row more (rows + 1: the scratch row the tokens outside the piece add into). Each time the piece
+// holds that contribution only: the store sums the two (ZeRO-2 reduces them separately, so the
+// rounding is not a single process's h + e). Host backends only (TD_ERR_UNSUPPORTED); rows 0:
+// the whole table, asked for once, as above.
+td_status td_tmodel_set_tied_split(td_tmodel *tm, int rows, td_err *err);
 
 #endif

@@ -495,9 +495,8 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         char gdetail[200] = "";
         if (mm.grads_shard_bytes)  // ZeRO-2's ring: paper 4P/N, plus what is in flight
             snprintf(gdetail, sizeof gdetail,
-                     " (shard %.2f + ring %.2f in %d buffer%s + tied embedding %.2f MiB = %zu bytes; paper 4P/N: %.2f MiB)",
+                     " (shard %.2f + ring %.2f in %d buffer%s = %zu bytes; paper 4P/N: %.2f MiB)",
                      mm.grads_shard_bytes / MiB, mm.grads_ring_bytes / MiB, mm.ring_slots, mm.ring_slots == 1 ? "" : "s",
-                     mm.grads_tied_bytes / MiB,
                      mm.grads_bytes, 4.0 * (double)mm.n_params / world / MiB);
         fprintf(log,
                 "train: world_size %d, ZeRO %d, per rank: parameters %.1f MiB, gradients %.1f MiB%s, accumulator "

@@ -18,10 +18,12 @@
 // (not only the last) and folds the owned elements into a shard-sized accumulator, so gradient
 // accumulation needs no full-size buffer; and with the gradient ring (plan_grads) the model has
 // no full-size gradient buffer either: backward writes each bucket into one of a few bucket-sized
-// buffers (a tied embedding's bucket, written at both ends of backward, into one of its own), the
-// bucket's reduce-scatter takes this rank's block from there into the gradient shard, and the
-// buffer takes the next bucket but n_slots once that reduction is done. The buckets, the values
-// and the reduction order are those of the full-size buffer, so the bits are too.
+// buffers, the bucket's reduce-scatter takes this rank's block from there into the gradient
+// shard, and the buffer takes the next bucket but n_slots once that reduction is done. The
+// buckets, the values and the reduction order are those of the full-size buffer, so the bits are
+// too, except for a tied embedding: cut into pieces along rows, each written twice (the head's
+// part at the start of backward, the embedding's at the end), whose two parts are reduced
+// separately and added ((sum h) + (sum e) against one process's sum (h + e): f32 regrouping).
 //
 // Accumulation over k > 1 micro-batches folds separately computed gradients in order
 // (acc = g_0, acc = acc + g_1, ...), as torch's .grad += does and as a reduction across ranks
@@ -46,12 +48,18 @@ typedef struct bucket {
     // the full-size gradient buffer or the tied buffer, else out of place in the gradient shard.
     td_buffer *own;
     size_t own_blk, own_tail;
-    int slot;         // ZeRO 2's ring: the ring buffer this bucket is written in (-1: the tied one)
+    int slot;         // ZeRO 2's ring: the ring buffer this bucket is written in (-1: none)
+    // A piece of a tied embedding (td_tmodel_set_tied_split): written twice per backward, the
+    // head's contribution in ring buffer slot_h (reduced into the shard), then the embedding's in
+    // slot (reduced in place there, then added to the shard).
+    bool tied;
+    int slot_h;
 } bucket;
 
 typedef struct pending_req {
     td_comm_req *r;
-    int slot;  // the ring buffer it reads (-1: none)
+    int slot;    // the ring buffer it reads (-1: none)
+    int bucket;  // the bucket it reduces (-1: none)
 } pending_req;
 
 struct td_trainer {
@@ -72,15 +80,19 @@ struct td_trainer {
     double *bucket_ss;   // ZeRO: [n_buckets * world] owned sums of squares, gathered
     double *bucket_tail; // ZeRO: [n_buckets] the tails' sums of squares
     // ZeRO 2 over N > 1 with the ring (ringed): the model has no gradient buffer; backward writes
-    // each bucket into a ring buffer (bucket b into b_slot[b % n_slots], each as large as the
-    // largest bucket it takes), or for a tied embedding's bucket, the last, into b_tied for the
-    // whole backward; the reduction takes the owned elements into b_gshard (in place in b_tied).
+    // each bucket into a ring buffer (the i-th bucket written in this backward into b_slot[i %
+    // n_slots], each as large as the largest bucket it takes); the reduction takes the owned
+    // elements into b_gshard. A tied embedding is cut into pieces along rows (the last n_tied
+    // buckets), each written twice (bucket.tied).
     bool ringed;
-    int n_slots;
+    int n_slots, n_tied;
     td_buffer **b_slot;  // [n_slots]
-    td_buffer *b_tied;   // tied embeddings: [the last bucket's n]
-    td_buffer *b_gshard; // [the ring buckets' blocks and tails]
+    td_buffer *b_gshard; // [every bucket's block and tail]
     float **bk_store;    // [n_buckets] each bucket's storage (element lo) in this backward, or NULL
+    unsigned char *bk_phase;  // [n_buckets] a tied piece in this backward: 1, 2 its head part handed out,
+                              // reduced; 3, 4 its embedding part handed out, reduced
+    int slot_add[TD_TRAINER_MAX_RING];  // the tied piece whose embedding part, reduced in the slot,
+                                        // is still to be added to the shard (-1: none)
     // Within one step.
     pending_req pending[MAX_PENDING];
     int n_pending;
@@ -108,6 +120,7 @@ static float *acc(td_trainer *t) { return t->b_acc ? (float *)t->b_acc->base : N
 static float *own_blk(const bucket *k) { return (float *)k->own->base + k->own_blk; }
 static float *own_tail(const bucket *k) { return (float *)k->own->base + k->own_tail; }
 static td_status ring_store(void *ctx, size_t off, size_t n, float **out, td_err *err);
+static void plan_shard(td_trainer *t);
 
 // Buckets from the ranges backward reports (the head through the end of the buffer, each layer,
 // the embedding), merged downwards until one holds bucket_elems.
@@ -140,7 +153,12 @@ static td_status plan_buckets(td_trainer *t, td_err *err) {
         }
     }
     free(starts);
-    // The shard: bucket b's block [lo + rank count, + count) then its tail [lo + world count, lo + n).
+    plan_shard(t);
+    return TD_OK;
+}
+
+// The shard: bucket b's block [lo + rank count, + count) then its tail [lo + world count, lo + n).
+static void plan_shard(td_trainer *t) {
     size_t off = 0;
     for (int b = 0; b < t->n_buckets; b++) {
         bucket *k = &t->buckets[b];
@@ -149,36 +167,83 @@ static td_status plan_buckets(td_trainer *t, td_err *err) {
         off += k->count + (k->n - k->count * (size_t)t->world);
     }
     t->n_shard = off;
-    return TD_OK;
 }
 
 // ZeRO 2 over N > 1: where gradients live. The ring (p.grad_ring > 0 slots; 0: 2 slots where that
 // holds fewer bytes than the full-size buffer, else the full-size buffer; < 0: the full-size
-// buffer): bucket b in ring buffer b % n_slots, a tied embedding's bucket (the last) in its own
-// buffer, each bucket's reduced block and tail in the gradient shard (in place in the tied one),
-// and the model's full-size gradient buffer freed (td_tmodel_set_grad_store). Without the ring
-// the reduction is in place in the full-size buffer, as under ZeRO 1.
+// buffer): the i-th bucket backward writes in ring buffer i % n_slots, each bucket's reduced block
+// and tail in the gradient shard, and the model's full-size gradient buffer freed
+// (td_tmodel_set_grad_store). A tied embedding ([0, emb_n) of the last bucket) is cut into pieces
+// of rows rows, each a bucket (td_tmodel_set_tied_split), so that no buffer holds the whole table:
+// the pieces are written first (the head's part), then the other buckets, then the pieces again
+// (the embedding's part). rows: the largest other bucket less one row (the scratch row of the
+// embedding's part), or bucket_elems' rows. Without the ring the reduction is in place in the
+// full-size buffer, as under ZeRO 1.
 static td_status plan_grads(td_trainer *t, td_err *err) {
     td_tmodel *tm = t->tm;
     size_t n;
     float *g = td_tmodel_grads_buf(tm, &n);
-    const int nb = t->n_buckets, tied = td_tmodel_config(tm)->tie_embeddings ? 1 : 0;
-    const int n_ring = nb - tied;  // buckets the ring takes
-    int slots = t->p.grad_ring > 0 ? t->p.grad_ring : 2;
-    if (slots > n_ring) slots = n_ring;
-    size_t slot_n[TD_TRAINER_MAX_RING] = {0}, shard_n = 0, total = tied ? t->buckets[nb - 1].n : 0;
+    const td_model_config *c = td_tmodel_config(tm);
+    const bool tied = c->tie_embeddings && t->p.grad_ring >= 0;
+    const size_t D = (size_t)c->dim, emb_n = td_tmodel_find(tm, "model.layers.0.input_layernorm.weight")->offset;
+    const bucket last = t->buckets[t->n_buckets - 1];
+    // The buckets other than the tied pieces: all but the last, and the last's part above the table.
+    const int n_ring = t->n_buckets - (tied ? 1 : 0) + (tied && last.n > emb_n ? 1 : 0);
+    size_t max_n = 0;
     for (int b = 0; b < n_ring; b++) {
-        const bucket *k = &t->buckets[b];
-        if (k->n > slot_n[b % slots]) slot_n[b % slots] = k->n;
-        shard_n += k->n - k->count * (size_t)(t->world - 1);  // block and tail
+        const size_t bn = b < t->n_buckets - 1 || !tied ? t->buckets[b].n : last.n - emb_n;
+        if (bn > max_n) max_n = bn;
+    }
+    size_t target = max_n >= 2 * D ? max_n : (t->p.bucket_elems > 2 * D ? t->p.bucket_elems : 2 * D);
+    size_t rows = target / D - 1;
+    if (rows > (size_t)c->vocab_size) rows = (size_t)c->vocab_size;
+    const int n_tied = tied ? (int)(((size_t)c->vocab_size + rows - 1) / rows) : 0;
+    const int nb = n_ring + n_tied;
+    bucket *bk = calloc((size_t)nb, sizeof *bk);
+    if (!bk) return td_err_set(err, TD_ERR_NOMEM, "trainer: out of memory");
+    for (int b = 0; b < n_ring; b++) {
+        bk[b] = b < t->n_buckets - 1 || !tied ? t->buckets[b] : (bucket){.lo = emb_n, .n = last.n - emb_n};
+        bk[b].slot = -1;
+    }
+    for (int i = 0; i < n_tied; i++) {  // descending rows, the last piece first
+        const size_t r0 = (size_t)(n_tied - 1 - i) * rows, left = (size_t)c->vocab_size - r0;
+        const size_t nr = left < rows ? left : rows;
+        bk[n_ring + i] = (bucket){.lo = r0 * D, .n = nr * D, .slot = -1, .slot_h = -1, .tied = true};
+    }
+    // The ring: backward writes the pieces (their head part), the other buckets, the pieces again.
+    int slots = t->p.grad_ring > 0 ? t->p.grad_ring : 2;
+    if (slots > n_ring + 2 * n_tied) slots = n_ring + 2 * n_tied;
+    size_t slot_n[TD_TRAINER_MAX_RING] = {0}, total = 0;
+    int ev = 0;
+    for (int i = 0; i < n_tied; i++, ev++) {
+        bucket *k = &bk[n_ring + i];
+        k->slot_h = ev % slots;
+        if (k->n > slot_n[k->slot_h]) slot_n[k->slot_h] = k->n;
+    }
+    for (int b = 0; b < nb; b++, ev++) {
+        bucket *k = &bk[b];
+        k->slot = ev % slots;
+        const size_t need = k->n + (k->tied ? D : 0);  // the embedding part's scratch row
+        if (need > slot_n[k->slot]) slot_n[k->slot] = need;
     }
     for (int i = 0; i < slots; i++) total += slot_n[i];
+    size_t shard_n = 0;
+    for (int b = 0; b < nb; b++) shard_n += bk[b].n - bk[b].n / (size_t)t->world * (size_t)(t->world - 1);
     total += shard_n;
     t->ringed = t->p.grad_ring > 0 || (t->p.grad_ring == 0 && total < n);
-    if (!(t->bk_store = calloc((size_t)nb, sizeof *t->bk_store)))
+    if (t->ringed) {  // the buckets become the ring's
+        free(t->buckets);
+        t->buckets = bk, t->n_buckets = nb, t->n_tied = n_tied;
+        plan_shard(t);
+    } else {
+        free(bk);
+    }
+    const int nbk = t->n_buckets;
+    if (!(t->bk_store = calloc((size_t)nbk, sizeof *t->bk_store)) || !(t->bk_phase = calloc((size_t)nbk, 1)))
         return td_err_set(err, TD_ERR_NOMEM, "trainer: out of memory");
+    for (int i = 0; i < TD_TRAINER_MAX_RING; i++) t->slot_add[i] = -1;
     if (!t->ringed) {  // in place in the full-size buffer
-        for (int b = 0; b < nb; b++) {
+        for (int b = 0; b < nbk; b++) {
             bucket *k = &t->buckets[b];
             k->own = td_tmodel_grads_buffer(tm);
             k->own_blk = k->lo + (size_t)t->rank * k->count, k->own_tail = k->lo + k->count * (size_t)t->world;
@@ -193,25 +258,17 @@ static td_status plan_grads(td_trainer *t, td_err *err) {
     for (int i = 0; i < slots; i++, t->n_slots++)
         if ((st = td_backend_alloc(be, slot_n[i] * sizeof(float), "trainer gradient ring", &t->b_slot[i], err)))
             return st;
-    if (tied && (st = td_backend_alloc(be, t->buckets[nb - 1].n * sizeof(float), "trainer tied embedding gradient",
-                                       &t->b_tied, err)))
-        return st;
     if ((st = td_backend_alloc(be, (shard_n ? shard_n : 1) * sizeof(float), "trainer gradient shard", &t->b_gshard,
                                err)))
         return st;
     size_t off = 0;
-    for (int b = 0; b < nb; b++) {
+    for (int b = 0; b < nbk; b++) {
         bucket *k = &t->buckets[b];
-        if (b < n_ring) {
-            k->slot = b % slots;
-            k->own = t->b_gshard, k->own_blk = off, k->own_tail = off + k->count;
-            off += k->n - k->count * (size_t)(t->world - 1);
-        } else {  // the tied buffer holds element lo (0) of the bucket
-            k->own = t->b_tied;
-            k->own_blk = (size_t)t->rank * k->count, k->own_tail = k->count * (size_t)t->world;
-        }
+        k->own = t->b_gshard, k->own_blk = off, k->own_tail = off + k->count;
+        off += k->n - k->count * (size_t)(t->world - 1);
     }
-    return td_tmodel_set_grad_store(tm, ring_store, t, err);
+    if ((st = td_tmodel_set_grad_store(tm, ring_store, t, err))) return st;
+    return td_tmodel_set_tied_split(tm, n_tied ? (int)rows : 0, err);
 }
 
 // The shard's pieces cut at tensor boundaries (each piece is one tensor's, for its decay flag).
@@ -337,9 +394,9 @@ void td_trainer_free(td_trainer *t) {
     td_tmodel_set_grad_hook(t->tm, NULL, NULL);
     for (int i = 0; i < t->n_slots; i++) td_buffer_free(t->b_slot[i]);
     free(t->b_slot);
-    td_buffer_free(t->b_tied);
     td_buffer_free(t->b_gshard);
     free(t->bk_store);
+    free(t->bk_phase);
     td_adamw_free(t->opt);
     if (t->b_part && t->norm_part != t->b_part->base) free(t->norm_part);
     td_buffer_free(t->b_part);
@@ -350,6 +407,7 @@ void td_trainer_free(td_trainer *t) {
     free(t->bucket_tail);
     if (t->ringed) {  // the model gets its full-size gradient buffer back, once the rest is freed
         td_err e = {0};
+        td_tmodel_set_tied_split(t->tm, 0, &e);
         if (td_tmodel_set_grad_store(t->tm, NULL, NULL, &e))
             TD_LOGW("trainer: the model's gradient buffer could not be restored: %s", e.msg);
     }
@@ -367,9 +425,8 @@ td_trainer_memory td_trainer_memory_of(const td_trainer *t) {
     m.params_bytes = n * sizeof(float) * (bf ? 2 : 1);  // f32 master weights (+ their bf16-rounded copy)
     m.ring_slots = t->ringed ? t->n_slots : 0;
     for (int i = 0; i < t->n_slots; i++) m.grads_ring_bytes += t->b_slot[i]->size;
-    m.grads_tied_bytes = t->b_tied ? t->b_tied->size : 0;
     m.grads_shard_bytes = t->b_gshard ? t->b_gshard->size : 0;
-    m.grads_bytes = td_tmodel_grads_bytes(t->tm) + m.grads_ring_bytes + m.grads_tied_bytes + m.grads_shard_bytes;
+    m.grads_bytes = td_tmodel_grads_bytes(t->tm) + m.grads_ring_bytes + m.grads_shard_bytes;
     m.accum_bytes = t->b_acc ? t->b_acc->size : 0;
     m.optim_bytes = 2 * td_adamw_size(t->opt) * sizeof(float);
     m.n_owned = t->comm && t->p.zero > 0 ? t->n_shard : n;
@@ -385,7 +442,7 @@ static void comm_fail(td_trainer *t, td_status st, const td_err *e) {
 }
 
 // A posted request; slot: the ring buffer it reads (-1: none), which is not reused before it is done.
-static void post(td_trainer *t, td_status st, td_comm_req *r, const td_err *e, int slot) {
+static void post(td_trainer *t, td_status st, td_comm_req *r, const td_err *e, int slot, int bucket) {
     if (st) {
         comm_fail(t, st, e);
         return;
@@ -397,7 +454,7 @@ static void post(td_trainer *t, td_status st, td_comm_req *r, const td_err *e, i
         memmove(t->pending, t->pending + 1, (size_t)(MAX_PENDING - 1) * sizeof *t->pending);
         t->n_pending--;
     }
-    t->pending[t->n_pending++] = (pending_req){r, slot};
+    t->pending[t->n_pending++] = (pending_req){r, slot, bucket};
 }
 
 // Lets the transport progress (non-blocking collectives move only inside calls) and drops the
@@ -430,13 +487,13 @@ static td_status wait_all(td_trainer *t, td_err *err) {
     return TD_OK;
 }
 
-// Waits (with the communicator's deadline) for the requests that read ring buffer slot, so that
-// the next bucket may be written there.
-static td_status wait_slot(td_trainer *t, int slot, td_err *err) {
+// Waits (with the communicator's deadline) for the requests that read ring buffer slot (so that
+// the next bucket may be written there), or (slot < 0) that reduce bucket.
+static td_status wait_slot(td_trainer *t, int slot, int bucket, td_err *err) {
     const double t0 = td_now();
     int k = 0;
     for (int i = 0; i < t->n_pending; i++) {
-        if (t->pending[i].slot != slot) {
+        if (slot >= 0 ? t->pending[i].slot != slot : t->pending[i].bucket != bucket) {
             t->pending[k++] = t->pending[i];
             continue;
         }
@@ -454,30 +511,31 @@ static td_status wait_slot(td_trainer *t, int slot, td_err *err) {
 }
 
 // Bucket b's gradient (from buf, its element lo: in the full-size buffer being reduced, or ZeRO
-// 2's storage of it) goes out.
-static void reduce_bucket(td_trainer *t, int b, float *buf) {
+// 2's storage of it, ring buffer slot) goes out; in_place: the owned elements stay in buf (a tied
+// piece's embedding part, added to the shard later).
+static void reduce_bucket(td_trainer *t, int b, float *buf, int slot, bool in_place) {
     const bucket *k = &t->buckets[b];
     td_err e = {0};
     td_comm_req *r = NULL;
     t->comm_bytes += (double)k->n * sizeof(float);
     if (t->p.zero == 0) {
         td_status st = td_comm_iallreduce(t->comm, buf, buf, k->n, TD_COMM_F32, TD_COMM_SUM, &r, &e);
-        post(t, st, r, &e, -1);
+        post(t, st, r, &e, -1, b);
         return;
     }
-    // Rank r's block lands at buf + r count (in place: ZeRO 1, and ZeRO 2's full-size and tied
-    // buffers) or in the gradient shard (ZeRO 2's ring); the tail likewise.
-    const bool z2 = t->p.zero == 2;
+    // Rank r's block lands at buf + r count (in place: ZeRO 1, ZeRO 2's full-size buffer) or in
+    // the gradient shard (ZeRO 2's ring); the tail likewise.
+    const bool z2 = t->p.zero == 2 && !in_place;
     const size_t tail = k->n - k->count * (size_t)t->world;
     if (k->count > 0) {
         float *dst = z2 ? own_blk(k) : buf + (size_t)t->rank * k->count;
         td_status st = td_comm_ireduce_scatter(t->comm, buf, dst, k->count, TD_COMM_F32, TD_COMM_SUM, &r, &e);
-        post(t, st, r, &e, k->slot);
+        post(t, st, r, &e, slot, b);
     }
     if (tail > 0) {
         float *tp = buf + k->count * (size_t)t->world, *dst = z2 ? own_tail(k) : tp;
         td_status st = td_comm_iallreduce(t->comm, tp, dst, tail, TD_COMM_F32, TD_COMM_SUM, &r, &e);
-        post(t, st, r, &e, k->slot);
+        post(t, st, r, &e, slot, b);
     }
 }
 
@@ -499,12 +557,46 @@ static void grad_hook(void *ctx, size_t off, size_t n) {
     if (!t->comm) return;
     poll_pending(t);
     if (!last && !zero2) return;
-    while (t->next_bucket < t->n_buckets && t->buckets[t->next_bucket].lo >= off) {
+    const int n_swept = t->n_buckets - t->n_tied;
+    if (t->n_tied && off < t->buckets[n_swept].lo + t->buckets[n_swept].n) {  // a tied piece, once written
+        int b = n_swept;
+        while (b < t->n_buckets - 1 && t->buckets[b].lo != off) b++;
+        const bucket *k = &t->buckets[b];
+        if (t->bk_phase[b] == 1) {  // the head's part: into the shard
+            reduce_bucket(t, b, t->bk_store[b], k->slot_h, false);
+            t->bk_phase[b] = 2;
+        } else if (t->bk_phase[b] == 3) {  // the embedding's part: in place, added once reduced
+            reduce_bucket(t, b, t->bk_store[b], k->slot, true);
+            t->bk_phase[b] = 4;
+            t->slot_add[k->slot] = b;
+        }
+        return;
+    }
+    while (t->next_bucket < n_swept && t->buckets[t->next_bucket].lo >= off) {
         const int b = t->next_bucket++;
         // ZeRO 2: where backward wrote the bucket; else the full-size buffer being reduced.
         float *buf = zero2 ? t->bk_store[b] : (t->b_acc ? acc(t) : grads(t)) + t->buckets[b].lo;
-        reduce_bucket(t, b, buf);
+        reduce_bucket(t, b, buf, t->buckets[b].slot, false);
     }
+}
+
+// The tied piece whose embedding part was reduced in ring buffer slot: once its reductions (both
+// parts) are done, its owned elements are added to the shard (sum of the head parts + sum of the
+// embedding parts), and the slot is free.
+static td_status add_tied(td_trainer *t, int slot, td_err *err) {
+    const int b = t->slot_add[slot];
+    if (b < 0) return TD_OK;
+    t->slot_add[slot] = -1;
+    td_status st = wait_slot(t, -1, b, err);
+    if (st) return st;
+    const bucket *k = &t->buckets[b];
+    const size_t tail = k->n - k->count * (size_t)t->world;
+    const float *src = (const float *)t->b_slot[slot]->base;
+    td_backend *be = td_tmodel_backend(t->tm);
+    if (k->count) td_backend_add(be, own_blk(k), src + (size_t)t->rank * k->count, (int64_t)k->count);
+    if (tail) td_backend_add(be, own_tail(k), src + k->count * (size_t)t->world, (int64_t)tail);
+    t->bk_phase[b] = 5;
+    return TD_OK;
 }
 
 // ZeRO 2's grad store (td_tmodel_set_grad_store) with the ring: the storage of range [off, off +
@@ -517,14 +609,17 @@ static td_status ring_store(void *ctx, size_t off, size_t n, float **out, td_err
     while (b < t->n_buckets - 1 && t->buckets[b].lo > off) b++;  // descending lo; the last has lo 0
     const bucket *k = &t->buckets[b];
     TD_ASSERT(off >= k->lo && off + n <= k->lo + k->n);
-    if (!t->bk_store[b]) {
-        td_buffer *buf = k->slot < 0 ? t->b_tied : t->b_slot[k->slot];
-        if (k->slot >= 0) {
-            td_status st = wait_slot(t, k->slot, err);
-            if (st) return st;
-        }
+    // A tied piece: its head part first (slot_h), then, once that is reduced, its embedding part.
+    const int phase = k->tied ? t->bk_phase[b] : 0;
+    if (!t->bk_store[b] || (k->tied && phase == 2)) {
+        const int slot = k->tied && phase == 0 ? k->slot_h : k->slot;
+        td_buffer *buf = t->b_slot[slot];
+        td_status st = wait_slot(t, slot, -1, err);
+        if (!st) st = add_tied(t, slot, err);
+        if (st) return st;
         td_buffer_clear(buf, 0);
         t->bk_store[b] = buf->base;
+        if (k->tied) t->bk_phase[b] = phase == 0 ? 1 : 3;
     }
     *out = t->bk_store[b] + (off - k->lo);
     return TD_OK;
@@ -631,7 +726,11 @@ static td_status step_core(td_trainer *t, td_trainer_micro_fn fn, void *ctx, lon
         td_tmodel_zero_grad(tm);
         t->hook_k = k;
         t->next_bucket = 0;
-        if (t->ringed) memset(t->bk_store, 0, (size_t)t->n_buckets * sizeof *t->bk_store);  // handed out afresh
+        if (t->ringed) {  // handed out afresh
+            memset(t->bk_store, 0, (size_t)t->n_buckets * sizeof *t->bk_store);
+            memset(t->bk_phase, 0, (size_t)t->n_buckets);
+            for (int i = 0; i < TD_TRAINER_MAX_RING; i++) t->slot_add[i] = -1;
+        }
         if ((st = fn(ctx, k, tm, (float)(1.0 / (double)count), &s, err))) {
             if (hooked) td_tmodel_set_grad_hook(tm, NULL, NULL);
             if (t->comm) {  // the others would wait for this rank's reductions: fail them now
@@ -643,6 +742,8 @@ static td_status step_core(td_trainer *t, td_trainer_micro_fn fn, void *ctx, lon
         loss_sum += s;
         if (t->comm && t->p.zero == 2) {
             if ((st = wait_all(t, err))) break;
+            for (int i = 0; i < t->n_slots && !st; i++) st = add_tied(t, i, err);
+            if (st) break;
             if (t->b_acc) fold_shard(t);
         }
     }
@@ -731,7 +832,7 @@ static td_status step_core(td_trainer *t, td_trainer_micro_fn fn, void *ctx, lon
         td_err e = {0};
         td_comm_req *r = NULL;
         st = td_comm_iallgather(t->comm, w + k->lo + (size_t)t->rank * k->count, w + k->lo, k->count, TD_COMM_F32, &r, &e);
-        post(t, st, r, &e, -1);
+        post(t, st, r, &e, -1, -1);
         t->comm_bytes += (double)k->count * (size_t)t->world * sizeof(float);
     }
     st = wait_all(t, err);

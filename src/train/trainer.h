@@ -97,9 +97,9 @@ td_adamw *td_trainer_adamw(td_trainer *t);  // borrowed (checkpoints save and re
 // ZeRO paper's accounting for Adam in f32 with N ranks: parameters 4 P, gradients 4 P, optimizer
 // state (m, v) 8 P, and with ZeRO-1 or 2 the optimizer state 8 P / N (n_owned ~ P / N); ZeRO-2's
 // accumulator (grad_accum > 1) 4 P / N instead of 4 P, and with the gradient ring (grad_ring)
-// gradients of 4 P / N (the shard: 4 n_owned less the tied bucket's block, which stays in its
-// buffer) + the ring (its buffers: the largest bucket each takes) + the tied embedding's bucket
-// (0 untied): the paper's 4 P / N plus what is in flight. BF16 adds the bf16-rounded weight copy
+// gradients of 4 P / N (the shard: 4 n_owned) + the ring (its buffers: the largest bucket each
+// takes; a tied embedding goes through it in pieces of rows): the paper's 4 P / N plus what is in
+// flight. BF16 adds the bf16-rounded weight copy
 // (kept as f32 here: 4 P).
 typedef struct td_trainer_memory {
     int world, zero;
@@ -107,7 +107,7 @@ typedef struct td_trainer_memory {
     size_t params_bytes, grads_bytes, accum_bytes, optim_bytes;
     // ZeRO-2's ring: the parts of grads_bytes (0 without it: grads_bytes is the full-size buffer).
     int ring_slots;  // buffers in the ring (0: no ring)
-    size_t grads_shard_bytes, grads_ring_bytes, grads_tied_bytes;
+    size_t grads_shard_bytes, grads_ring_bytes;
 } td_trainer_memory;
 td_trainer_memory td_trainer_memory_of(const td_trainer *t);
 

@@ -9,9 +9,10 @@
 // per rank the fold order differs from one rank's ((g_0 + g_1) + (g_2 + g_3) vs ((g_0 + g_1) + g_2)
 // + g_3): f32 reassociation of a few terms, so weights after the steps agree to 1e-5 (a tenth of an
 // update at lr 1e-3 ... measured ~1e-7). ZeRO's memory: the optimizer state is the shard's.
-// ZeRO-2's gradient ring (grad_ring): the same bits as one rank (N = 2, 3, 4, tied and untied,
-// rings of 1 and 2, BF16, through td_trainer_step_with too) and, at 2 micro-batches per rank, as
-// ZeRO-2 through the full-size buffer; the model's gradient buffer freed and given back; the
+// ZeRO-2's gradient ring (grad_ring): the same bits as one rank untied (N = 2, 4, rings of 1 and
+// 2) and, at 2 micro-batches per rank, as ZeRO-2 through the full-size buffer; tied (N = 2, 3, 4,
+// BF16, through td_trainer_step_with too), within test_ring's derived tolerance, since the tied
+// embedding's two gradient parts are reduced separately; the model's gradient buffer freed and given back; the
 // gradient bytes equal to the formula and shrinking with N; the default taking the ring only where
 // it is smaller; a stalled peer failing the ring's wait at the deadline.
 // The same equivalence over MPI processes: test_train_mpi.
@@ -242,12 +243,16 @@ static void test_accum_per_rank(int zero) {
 }
 
 // ZeRO-2's gradient bytes on one rank by trainer.h's accounting, from the bucket plan derived here
-// from the layout (the ranges backward reports, merged downwards to `bucket` elements): the ring's
-// buffers (bucket b in buffer b % slots, each the largest it takes), the tied embedding's bucket
-// (the last) and the shard (every other bucket's block of n / world and its tail).
+// from the layout (the ranges backward reports, merged downwards to `bucket` elements). Untied:
+// the ring's buffers (bucket b in buffer b % slots, each the largest it takes) and the shard (every
+// bucket's block of n / world and its tail). Tied: the table [0, emb_n) of the last bucket is cut
+// into pieces of rows = (the largest other bucket, or `bucket` if that is under 2 rows) / dim - 1
+// rows, each a bucket written twice (the second time with one scratch row): backward writes the
+// pieces, the other buckets, the pieces again, the i-th into buffer i % slots. So the bytes are
+// 4 P / N (the shard, plus the tails) + the ring, and nothing else.
 static size_t ring_formula(const td_tmodel *tm, size_t bucket, int world, int ring, int *slots_out) {
     const td_model_config *c = td_tmodel_config(tm);
-    size_t n, starts[64], lo[64], len[64], hi;
+    size_t n, starts[64], len[600], hi;
     td_tmodel_params_buf((td_tmodel *)tm, &n);
     int ns = 0, nb = 0;
     starts[ns++] = td_tmodel_find(tm, "model.norm.weight")->offset;
@@ -259,23 +264,52 @@ static size_t ring_formula(const td_tmodel *tm, size_t bucket, int world, int ri
     starts[ns++] = 0;
     hi = n;
     for (int i = 0; i < ns; i++)
-        if (hi - starts[i] >= bucket || i == ns - 1) lo[nb] = starts[i], len[nb++] = hi - starts[i], hi = starts[i];
-    const int n_ring = nb - (c->tie_embeddings ? 1 : 0), slots = ring < n_ring ? ring : n_ring;
-    size_t elems = c->tie_embeddings ? len[nb - 1] : 0, slot_n[64] = {0};
-    for (int b = 0; b < n_ring; b++) {
-        if (len[b] > slot_n[b % slots]) slot_n[b % slots] = len[b];
+        if (hi - starts[i] >= bucket || i == ns - 1) len[nb++] = hi - starts[i], hi = starts[i];
+    const size_t D = (size_t)c->dim, emb_n = (size_t)c->vocab_size * D;
+    int n_tied = 0;
+    size_t piece[600], rows = 0;  // the pieces' lengths (descending rows)
+    if (c->tie_embeddings) {  // the last bucket: its part above the table, then the pieces
+        const size_t above = len[nb - 1] - emb_n;
+        if (above) len[nb - 1] = above; else nb--;
+        size_t max_n = 0;
+        for (int b = 0; b < nb; b++) max_n = len[b] > max_n ? len[b] : max_n;
+        const size_t target = max_n >= 2 * D ? max_n : (bucket > 2 * D ? bucket : 2 * D);
+        rows = target / D - 1 < (size_t)c->vocab_size ? target / D - 1 : (size_t)c->vocab_size;
+        for (size_t r0 = ((size_t)c->vocab_size - 1) / rows * rows;; r0 -= rows) {
+            piece[n_tied++] = ((size_t)c->vocab_size - r0 < rows ? (size_t)c->vocab_size - r0 : rows) * D;
+            if (r0 == 0) break;
+        }
+    }
+    const int events = n_tied + nb + n_tied, slots = ring < events ? ring : events;
+    size_t elems = 0, slot_n[64] = {0};
+    int ev = 0;
+    for (int i = 0; i < n_tied; i++, ev++)
+        slot_n[ev % slots] = piece[i] > slot_n[ev % slots] ? piece[i] : slot_n[ev % slots];
+    for (int b = 0; b < nb; b++, ev++) {
+        slot_n[ev % slots] = len[b] > slot_n[ev % slots] ? len[b] : slot_n[ev % slots];
         elems += len[b] - len[b] / (size_t)world * (size_t)(world - 1);
     }
+    for (int i = 0; i < n_tied; i++, ev++) {
+        const size_t need = piece[i] + D;
+        slot_n[ev % slots] = need > slot_n[ev % slots] ? need : slot_n[ev % slots];
+        elems += piece[i] - piece[i] / (size_t)world * (size_t)(world - 1);
+    }
     for (int i = 0; i < slots; i++) elems += slot_n[i];
-    (void)lo;
     *slots_out = slots;
     return elems * sizeof(float);
 }
 
-// ZeRO-2 through the gradient ring against one rank accumulating the same micro-batches: the same
-// bits (losses, weights) at N ranks, tied and untied, with 1 and 2 ring buffers; the model holds no
-// gradient buffer while the trainer lives (and has it back after), and the trainer's gradient
-// bytes are the formula's.
+// ZeRO-2 through the gradient ring against one rank accumulating the same micro-batches: untied,
+// the same bits (losses, weights) at N ranks with 1 and 2 ring buffers. Tied, the embedding's
+// gradient is reduced in two parts, the head's h and the embedding's e: per element (sum over
+// ranks of h) + (sum of e) where one rank folds (h_0 + e_0) + (h_1 + e_1) ..., the same 2N f32
+// terms regrouped, so per step an element differs by at most about 2N ulp of its largest partial
+// sum (2N 2^-24, 5e-7 relative at N = 4). The gradient norm (the double sum of these) then agrees
+// to 1e-6 relative, the losses to 1e-6, and the weights, moved by AdamW's lr m / (sqrt v + eps)
+// (lr 1e-2 here: scale-free, so a relative change of the gradient changes an update by about as
+// much, more only where an element's gradient is near cancellation), to 1e-5 after the 3 steps:
+// test_accum_per_rank's bound for the same reassociation. The model holds no gradient buffer while
+// the trainer lives (and has it back after), and the trainer's gradient bytes are the formula's.
 static void test_ring(int world, int tied, int ring, int bf16, int with) {
     run one = {0}, many[MAXR] = {0};
     const size_t bucket = 700;
@@ -286,16 +320,28 @@ static void test_ring(int world, int tied, int ring, int bf16, int with) {
         return;
     }
     int same_loss = 1, same_w = 1, norm_ok = 1;
+    double dl = 0, dn = 0, dw = 0;
     for (int s = 0; s < STEPS; s++)
         for (int r = 0; r < world; r++) {
             same_loss &= memcmp(&many[r].loss[s], &one.loss[s], sizeof(double)) == 0;
             norm_ok &= fabs(many[r].norm[s] - one.norm[s]) <= 1e-12 * one.norm[s];
+            dl = fmax(dl, fabs(many[r].loss[s] - one.loss[s]) / one.loss[s]);
+            dn = fmax(dn, fabs(many[r].norm[s] - one.norm[s]) / one.norm[s]);
         }
-    for (int r = 0; r < world; r++) same_w &= many[r].n == one.n && !memcmp(many[r].weights, one.weights, one.n * sizeof(float));
+    for (int r = 0; r < world; r++) {
+        same_w &= many[r].n == one.n && !memcmp(many[r].weights, one.weights, one.n * sizeof(float));
+        for (size_t i = 0; i < one.n && many[r].n == one.n; i++)
+            dw = fmax(dw, fabs((double)many[r].weights[i] - one.weights[i]));
+    }
     const char *what = tied ? "tied" : "untied";
-    CHECK(same_loss && norm_ok && same_w,
-          "%d ranks, ZeRO 2, ring of %d, %s%s%s: losses, norms (1e-12) and weights equal one rank's bit for bit", world,
-          ring, what, bf16 ? ", bf16" : "", with ? ", td_trainer_step_with" : "");
+    if (!tied)
+        CHECK(same_loss && norm_ok && same_w,
+              "%d ranks, ZeRO 2, ring of %d, %s%s%s: losses, norms (1e-12) and weights equal one rank's bit for bit", world,
+              ring, what, bf16 ? ", bf16" : "", with ? ", td_trainer_step_with" : "");
+    else
+        CHECK(dl <= 1e-6 && dn <= 1e-6 && dw <= 1e-5,
+              "%d ranks, ZeRO 2, ring of %d, %s%s%s: losses (%.2e), norms (%.2e) within 1e-6, weights within 1e-5 (%.2e) "
+              "of one rank's", world, ring, what, bf16 ? ", bf16" : "", with ? ", td_trainer_step_with" : "", dl, dn, dw);
     // The memory: what is allocated against the formula, on every rank.
     td_tmodel *tm = NULL;
     td_err err = {0};
@@ -312,22 +358,29 @@ static void test_ring(int world, int tied, int ring, int bf16, int with) {
             const td_trainer_memory *m = &many[r].mem;
             ok &= many[r].model_grads == 0 && many[r].model_grads_after == one.n * sizeof(float);
             ok &= m->grads_bytes == want && m->ring_slots == slots &&
-                  m->grads_bytes == m->grads_shard_bytes + m->grads_ring_bytes + m->grads_tied_bytes;
-            ok &= (m->grads_tied_bytes != 0) == (tied != 0);
+                  m->grads_bytes == m->grads_shard_bytes + m->grads_ring_bytes;
+            // the shard is 4 P / N (+ the tails: under world elements a bucket)
+            ok &= m->grads_shard_bytes >= one.n / (size_t)world * sizeof(float) &&
+                  m->grads_shard_bytes < (one.n / (size_t)world + 64 * (size_t)world) * sizeof(float);
         }
         CHECK(ok, "%d ranks, ring of %d, %s: no model gradient buffer (restored after: %zu bytes), gradients %zu bytes "
-              "= shard %zu + ring %zu + tied %zu, the formula's %zu",
+              "= shard %zu (4P/N %zu) + ring %zu, the formula's %zu",
               world, ring, what, many[0].model_grads_after, many[0].mem.grads_bytes, many[0].mem.grads_shard_bytes,
-              many[0].mem.grads_ring_bytes, many[0].mem.grads_tied_bytes, want);
+              one.n / (size_t)world * sizeof(float), many[0].mem.grads_ring_bytes, want);
         td_tmodel_free(tm);
     }
-    printf("%d ranks, ZeRO 2, ring of %d, %s: bit-identical to one rank; gradients %zu bytes (full: %zu)\n", world, ring,
-           what, many[0].mem.grads_bytes, one.n * sizeof(float));
+    if (tied)
+        printf("%d ranks, ZeRO 2, ring of %d, tied: losses %.1e, norms %.1e, weights %.1e from one rank's; gradients %zu "
+               "bytes (full: %zu)\n", world, ring, dl, dn, dw, many[0].mem.grads_bytes, one.n * sizeof(float));
+    else
+        printf("%d ranks, ZeRO 2, ring of %d, untied: bit-identical to one rank; gradients %zu bytes (full: %zu)\n", world,
+               ring, many[0].mem.grads_bytes, one.n * sizeof(float));
     free_runs(&one, 1), free_runs(many, world);
 }
 
 // With several micro-batches per rank, ZeRO-2 through the ring gives the bits of ZeRO-2 through the
-// full-size gradient buffer (grad_ring -1: the same reductions in the same order).
+// full-size gradient buffer (grad_ring -1: the same reductions in the same order) untied; tied, the
+// ring reduces the embedding's two parts separately: test_ring's tolerance.
 static void test_ring_accum(int world, int tied, int accum) {
     run full[MAXR] = {0}, ring[MAXR] = {0};
     const opts o = {.bucket = 700, .bad_rank = -1, .tied = tied};
@@ -338,12 +391,24 @@ static void test_ring_accum(int world, int tied, int accum) {
         return;
     }
     int same = 1;
+    double dl = 0, dn = 0, dw = 0;
     for (int r = 0; r < world; r++) {
         same &= !memcmp(full[r].loss, ring[r].loss, sizeof full[r].loss) && !memcmp(full[r].norm, ring[r].norm, sizeof full[r].norm);
         same &= full[r].n == ring[r].n && !memcmp(full[r].weights, ring[r].weights, full[r].n * sizeof(float));
+        for (int s = 0; s < STEPS; s++) {
+            dl = fmax(dl, fabs(full[r].loss[s] - ring[r].loss[s]) / full[r].loss[s]);
+            dn = fmax(dn, fabs(full[r].norm[s] - ring[r].norm[s]) / full[r].norm[s]);
+        }
+        for (size_t i = 0; i < full[r].n && full[r].n == ring[r].n; i++)
+            dw = fmax(dw, fabs((double)full[r].weights[i] - ring[r].weights[i]));
     }
-    CHECK(same, "%d ranks x %d micro-batches, ZeRO 2, %s: the ring gives the full-size buffer's losses, norms and weights "
-          "bit for bit", world, accum, tied ? "tied" : "untied");
+    if (!tied)
+        CHECK(same, "%d ranks x %d micro-batches, ZeRO 2, untied: the ring gives the full-size buffer's losses, norms and "
+              "weights bit for bit", world, accum);
+    else
+        CHECK(full[0].n == ring[0].n && dl <= 1e-6 && dn <= 1e-6 && dw <= 1e-5,
+              "%d ranks x %d micro-batches, ZeRO 2, tied: the ring within 1e-6 of the full-size buffer's losses (%.2e) and "
+              "norms (%.2e), 1e-5 of its weights (%.2e)", world, accum, dl, dn, dw);
     CHECK(full[0].mem.ring_slots == 0 && full[0].model_grads == full[0].n * sizeof(float) && ring[0].mem.ring_slots > 0 &&
               ring[0].model_grads == 0 && ring[0].mem.accum_bytes < full[0].n * sizeof(float),
           "grad_ring -1 keeps the model's buffer, 2 frees it; the accumulator is shard-sized either way");

@@ -4,8 +4,13 @@
 // log the same losses bit for bit (metrics lines, which carry world_size); with ZeRO-1 and ZeRO-2
 // the checkpoint holds the whole optimizer state, so it is the same file as one rank's, and a run
 // stopped at a checkpoint on 4 ranks resumes on 2 and on 1 (and one of 1 on 3: batch 3) with the
-// losses of the uninterrupted run. A batch the ranks cannot divide is refused. Over real MPI
-// processes: test_train_mpi.
+// losses of the uninterrupted run. A batch the ranks cannot divide is refused. The model ties its
+// embeddings, and ZeRO-2 through the gradient ring over N ranks reduces the tied embedding's two
+// gradient parts (the head's, the embedding's) separately ((sum h) + (sum e) where one rank sums
+// h + e first: 2N f32 terms regrouped, about 2N ulp an element a step, test_train_dp): its losses
+// agree to 1e-6 relative, and the checkpoint's tensors (weights, moments) to 1e-5 of each
+// tensor's largest magnitude (measured ~1e-6). Over real MPI processes: test_train_mpi.
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,15 +120,32 @@ static void check_world(int world, int zero) {
     char loss[STEPS + 2][48];
     int w[STEPS + 2];
     const int n = read_metrics(met, loss, STEPS + 2, w);
-    int same = n == STEPS;
-    for (int i = 0; same && i < n; i++) same = !strcmp(loss[i], ref_loss[i]) && w[i] == world;
-    CHECK(same, "%d ranks, ZeRO %d: %d metrics lines, the losses of one rank accumulating the same micro-batches "
-                "bit for bit, world_size %d (first %s vs %s)", world, zero, n, world, n ? loss[0] : "-", ref_loss[0]);
     char a[500], b[500];
     snprintf(a, sizeof a, "%s/ckpt-%06d", out, STEPS);  // a sharded checkpoint (a directory)
     snprintf(b, sizeof b, "%s/ref%d/ckpt-%06d.tdck", g_dir, world, STEPS);
-    CHECK(same_tensors(a, b), "%d ranks, ZeRO %d: the final checkpoint (weights, whole optimizer state) equals one rank's",
-          world, zero);
+    if (zero < 2 || !g_ring) {  // (this model's ZeRO-2 default is the full-size buffer: the same reductions)
+        int same = n == STEPS;
+        for (int i = 0; same && i < n; i++) same = !strcmp(loss[i], ref_loss[i]) && w[i] == world;
+        CHECK(same, "%d ranks, ZeRO %d: %d metrics lines, the losses of one rank accumulating the same micro-batches "
+                    "bit for bit, world_size %d (first %s vs %s)", world, zero, n, world, n ? loss[0] : "-", ref_loss[0]);
+        CHECK(same_tensors(a, b), "%d ranks, ZeRO %d: the final checkpoint (weights, whole optimizer state) equals one rank's",
+              world, zero);
+        return;
+    }
+    int ok = n == STEPS;
+    double worst = 0;
+    for (int i = 0; ok && i < n; i++) {
+        const double x = atof(loss[i]), y = atof(ref_loss[i]);
+        worst = fmax(worst, fabs(x - y) / y);
+        ok = w[i] == world;
+    }
+    CHECK(ok && worst <= 1e-6, "%d ranks, ZeRO 2%s: %d metrics lines, the losses within 1e-6 (%.2e) of one rank "
+          "accumulating the same micro-batches, world_size %d", world, g_ring ? ", ring of 1" : "", n, worst, world);
+    const double d = tensors_diff(a, b);
+    CHECK(d <= 1e-5, "%d ranks, ZeRO 2%s: the final checkpoint (weights, whole optimizer state) within 1e-5 of one "
+          "rank's (%.2e)", world, g_ring ? ", ring of 1" : "", d);
+    printf("%d ranks, ZeRO 2%s: losses within %.1e, checkpoint tensors within %.1e of one rank's\n", world,
+           g_ring ? ", ring of 1" : "", worst, d);
 }
 
 int main(void) {
@@ -174,10 +196,12 @@ int main(void) {
         const int n = read_metrics(met, loss, STEPS + 2, w), nr = read_metrics(rm, ref, STEPS + 2, wr);
         // After the resume a rank's micro-batch holds 2 sequences where the 4-rank run (and its
         // one-rank reference) had 1: the same gradient summed in another grouping, so the losses
-        // from there on agree to f32 reassociation, not bit for bit; before it they are equal.
+        // from there on agree to f32 reassociation, not bit for bit; before it they agree to
+        // ZeRO-2's tied tolerance (1e-6, above).
         int first = n >= HALF && nr >= HALF && w[0] == 4;
-        for (int i = 0; first && i < HALF; i++) first = !strcmp(loss[i], ref[i]);
-        CHECK(first, "4 ranks: the first %d losses equal one rank's", HALF);
+        double before = 0;
+        for (int i = 0; first && i < HALF; i++) before = fmax(before, fabs(atof(loss[i]) - atof(ref[i])) / atof(ref[i]));
+        CHECK(first && before <= 1e-6, "4 ranks: the first %d losses within 1e-6 of one rank's (%.2e)", HALF, before);
         double worst = 0;
         for (int i = HALF; i < n && i < nr; i++) {
             const double a = atof(loss[i]), b = atof(ref[i]), d = a > b ? (a - b) / b : (b - a) / b;
@@ -197,10 +221,12 @@ int main(void) {
         char r2[400];
         snprintf(r2, sizeof r2, "%s/ref2.jsonl", g_dir);
         const int n1 = read_metrics(met1, loss, STEPS + 2, w), n2 = read_metrics(r2, ref, STEPS + 2, wr);
+        // The 2-rank ZeRO-2 half within its tolerance; the 1-rank half goes on from that state.
         int eq = n1 == STEPS && n2 == STEPS && w[0] == 2 && w[HALF] == 1;
-        for (int i = 0; eq && i < n1; i++) eq = !strcmp(loss[i], ref[i]);
-        CHECK(eq, "2 ranks (ZeRO-2) to step %d, resumed on 1 rank to %d: every loss equals the uninterrupted run's bit "
-                  "for bit", HALF, STEPS);
+        double d1 = 0;
+        for (int i = 0; eq && i < n1; i++) d1 = fmax(d1, fabs(atof(loss[i]) - atof(ref[i])) / atof(ref[i]));
+        CHECK(eq && d1 <= 1e-6, "2 ranks (ZeRO-2) to step %d, resumed on 1 rank to %d: every loss within 1e-6 of the "
+              "uninterrupted run's (%.2e)", HALF, STEPS, d1);
         g_ring = 0;
     }
     // 1 rank to step 3, then 3 ranks (batch 3 = 3 x 1): the loader position and the whole state

@@ -1,9 +1,11 @@
 // `mpirun -np N tandem train` end to end: real processes, the MPI communicator, the real binary
 // ($TANDEM_BIN). N ranks at --batch 4 log the losses of one process at --batch 4/N --accum N bit
 // for bit (the metrics lines' 17-digit text), with plain DP, ZeRO-1 and ZeRO-2, at N = 2 and 4,
-// and carry world_size; ZeRO-2 through the gradient ring (--grad-ring) likewise, tied and untied,
-// and with 2 micro-batches per rank it logs ZeRO-2's full-size-buffer losses bit for bit, its
-// gradient bytes shrinking from np 2 to 4; a checkpoint written by 2 ranks resumes on 1 with the
+// and carry world_size; ZeRO-2 through the gradient ring (--grad-ring) likewise untied, and with 2
+// micro-batches per rank it logs ZeRO-2's full-size-buffer losses bit for bit; tied (the default
+// model), the ring reduces the embedding's two gradient parts separately (2N f32 terms regrouped:
+// test_train_dp derives it), so its losses agree to 1e-6 relative; its gradient bytes shrink from
+// np 2 to 4; a checkpoint written by 2 ranks resumes on 1 with the
 // same losses; a rank killed with SIGKILL mid-run ends the job within a bound (never a hang), and resuming from the
 // last checkpoint reproduces the uninterrupted run. Every mpirun runs under an outer deadline in
 // its own process group. Skipped (77) without MPI in the build or mpirun on PATH.
@@ -154,6 +156,25 @@ static int same(const char *a, const char *b, int expect_n, int world_a) {
     return 1;
 }
 
+// Whether a's and b's losses agree within tol relative (and a's carry world_a, unless 0).
+static int close_to(const char *a, const char *b, int expect_n, int world_a, double tol) {
+    static char la[MAXL][48], lb[MAXL][48];
+    int wa[MAXL], wb[MAXL];
+    const int na = losses(a, la, wa), nb = losses(b, lb, wb);
+    if (na != expect_n || nb != expect_n) {
+        fprintf(stderr, "%s: %d lines, %s: %d lines, want %d\n", a, na, b, nb, expect_n);
+        return 0;
+    }
+    double worst = 0;
+    for (int i = 0; i < na; i++) {
+        const double x = atof(la[i]), y = atof(lb[i]), d = (x > y ? x - y : y - x) / y;
+        if (d > worst) worst = d;
+        if (world_a && wa[i] != world_a) return 0;
+    }
+    printf("%s: losses within %.1e of %s\n", a, worst, b);
+    return worst <= tol;
+}
+
 static void path(char *dst, size_t cap, const char *name) { snprintf(dst, cap, "%s/%s", g_dir, name); }
 
 // From run `tag`'s log (rank 0's start-up lines): the parameter count and, with ZeRO-2's gradient
@@ -262,8 +283,8 @@ int main(void) {
         path(m, sizeof m, mn);
         const char *e3[] = {"--batch", "4", "--zero", "2", "--grad-ring", "1", "--steps", steps, "--metrics", m, NULL};
         const int rc = run(np, t2, e3);
-        CHECK(rc == 0 && same(m, m_ref, STEPS, np),
-              "mpirun -np %d --zero 2 --grad-ring 1: every step's loss equals one process's bit for bit (exit %d)", np, rc);
+        CHECK(rc == 0 && close_to(m, m_ref, STEPS, np, 1e-6),
+              "mpirun -np %d --zero 2 --grad-ring 1 (tied): every step's loss within 1e-6 of one process's (exit %d)", np, rc);
     }
     {  // The ring's gradient bytes (rank 0's start-up line) shrink with the ranks, below 4 P at 4.
         long p2, g2, p4, g4;
@@ -274,7 +295,8 @@ int main(void) {
         printf("ZeRO-2, ring of 1: gradients %ld bytes per rank at np 2, %ld at np 4, full buffer %ld\n", g2, g4, 4 * p2);
     }
     // Untied, and 2 micro-batches per rank: the ring of 2 gives the full-size buffer's losses bit
-    // for bit (the same reductions in the same order), and the untied ring one process's at accum 1.
+    // for bit (the same reductions in the same order), and the untied ring one process's at accum 1;
+    // tied, within 1e-6.
     {
         char mr[400], mf[400];
         path(m_ref, sizeof m_ref, "untied_ref.jsonl");
@@ -297,9 +319,9 @@ int main(void) {
                                     "--metrics", mf, untied ? "--untied" : NULL, NULL};
                 rc = run(np, tr, er);
                 const int rf = run(np, tf, ef);
-                CHECK(rc == 0 && rf == 0 && same(mr, mf, STEPS, np),
-                      "mpirun -np %d%s --accum 2 --zero 2: the ring of 2 logs the full-size buffer's losses bit for bit "
-                      "(exit %d, %d)", np, untied ? " --untied" : "", rc, rf);
+                CHECK(rc == 0 && rf == 0 && (untied ? same(mr, mf, STEPS, np) : close_to(mr, mf, STEPS, np, 1e-6)),
+                      "mpirun -np %d%s --accum 2 --zero 2: the ring of 2 logs the full-size buffer's losses %s (exit %d, %d)",
+                      np, untied ? " --untied" : "", untied ? "bit for bit" : "within 1e-6", rc, rf);
             }
     }
 
