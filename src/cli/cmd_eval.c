@@ -266,7 +266,7 @@ int td_cmd_plot(int argc, char **argv) {
             else
                 snprintf(labels[ns], sizeof labels[ns], "%s", metrics[k]);
             s[ns] = (td_plot_series){.label = labels[ns], .x = L[i]->x[k], .y = L[i]->y[k],
-                                     .n = L[i]->n[k], .rgb = td_plot_color(i),
+                                     .n = L[i]->n[k], .rgb = td_plot_color(n_logs > 1 ? i : k),
                                      .style = !strncmp(metrics[k], "val", 3) ? TD_PLOT_MARKERS
                                                                              : TD_PLOT_LINE};
             ns++;

@@ -42,10 +42,10 @@ int td_cmd_rl_run(int argc, char **argv) {
         } else if (!strcmp(a, "--out") && v) {
             out = v, i++;
         } else if (!strcmp(a, "--steps") && v) {
-            if (td_arg_int("--steps", v, 1, 1000000000L, &steps)) return 2;
+            if (!td_arg_int("--steps", v, 1, 1000000000L, &steps)) return 2;
             i++;
         } else if (!strcmp(a, "--threads") && v) {
-            if (td_arg_int("--threads", v, 0, 1024, &threads)) return 2;
+            if (!td_arg_int("--threads", v, 0, 1024, &threads)) return 2;
             i++;
         } else {
             fprintf(stderr, "tandem rl: unknown or incomplete option '%s'\n", a);

@@ -541,8 +541,8 @@ static td_status check_config(const td_rl_config *c, td_err *err) {
                           "rl: steps, prompts_per_step, max_tokens, max_prompt_tokens and timeout_s must be >= 1, "
                           "samples_per_prompt in [1, %d], max_staleness in [0, 64]",
                           TD_ENG_MAX_N);
-    if (c->prompts_per_step * (c->max_staleness + 1) > 64)
-        return td_err_set(err, TD_ERR_INVALID, "rl: prompts_per_step x (max_staleness + 1) must be <= 64");
+    if (c->prompts_per_step * (c->max_staleness + 1) > 256)
+        return td_err_set(err, TD_ERR_INVALID, "rl: prompts_per_step x (max_staleness + 1) must be <= 256");
     const int rows = c->prompts_per_step * c->samples_per_prompt;
     if (c->micro_batch > 0 && rows % c->micro_batch)
         return td_err_set(err, TD_ERR_INVALID, "rl: micro_batch %d must divide prompts_per_step x samples_per_prompt = %d",
@@ -714,6 +714,7 @@ td_status td_rl_run(const td_rl_config *c, FILE *log, td_rl_result *out, td_err 
     ep.n_threads = c->threads;
     ep.max_seqs = rows * (c->max_staleness + 1) > 256 ? 256 : rows * (c->max_staleness + 1);
     if (ep.max_seqs < 64) ep.max_seqs = 64;
+    if (ep.max_waiting < rows * (c->max_staleness + 1)) ep.max_waiting = rows * (c->max_staleness + 1);
     ep.max_model_len = mp.seq_len + 1;
     if ((st = td_eng_create(L.m, L.tok, &ep, &L.eng, err))) goto done;
     if ((st = td_rl_local_engine(L.eng, L.S > 64 ? L.S : 64, c->timeout_s * 1000, &L.local, err))) goto done;

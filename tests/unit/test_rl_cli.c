@@ -2,8 +2,9 @@
 // scored by an external command (a python3 script: the fraction of vowels among a completion's
 // letters), synchronous GRPO on the tiny random llama2 of tests/oracle/gen/models.sh.
 //  1. an uninterrupted run of 6 steps, a checkpoint after every step;
-//  2. the same run killed with SIGKILL twice (right after its second checkpoint appears, then at
-//     a random moment of the resumed run) and resumed with --resume each time: its final
+//  2. the same run (configured for 4 steps, extended with --steps 6 on its last resume) killed with
+//     SIGKILL twice (right after its second checkpoint appears, then at a random moment of the
+//     resumed run) and resumed with --resume each time: its final
 //     checkpoint equals the uninterrupted one byte for byte in every tensor, and every step's
 //     logged reward is the same;
 //  3. `tandem export` reads the RL checkpoint (an HF directory the engine loads);
@@ -63,18 +64,24 @@ static void write_remote_config(const char *path, const char *tmp, const char *o
     write_file(path, s);
 }
 
-static pid_t spawn_rl(const char *cfg, bool resume, const char *log) {
+// `tandem rl --config CFG [--resume] [--steps STEPS]` (steps NULL: the config's).
+static pid_t spawn_rl_steps(const char *cfg, bool resume, const char *steps, const char *log) {
     pid_t p = fork();
     if (p == 0) {
         FILE *f = freopen(log, "a", stdout);
         (void)f;
         dup2(fileno(stdout), 2);
-        if (resume) execl(bin(), bin(), "rl", "--config", cfg, "--resume", (char *)NULL);
-        else execl(bin(), bin(), "rl", "--config", cfg, (char *)NULL);
+        const char *argv[10] = {bin(), "rl", "--config", cfg};
+        int n = 4;
+        if (resume) argv[n++] = "--resume";
+        if (steps) argv[n++] = "--steps", argv[n++] = steps;
+        argv[n] = NULL;
+        execv(bin(), (char *const *)argv);
         _exit(127);
     }
     return p;
 }
+static pid_t spawn_rl(const char *cfg, bool resume, const char *log) { return spawn_rl_steps(cfg, resume, NULL, log); }
 
 static int wait_exit(pid_t p) {
     int st = 0;
@@ -151,7 +158,7 @@ int main(void) {
     snprintf(cfg_b, sizeof cfg_b, "%s/b.json", tmp);
     snprintf(log, sizeof log, "%s/log.txt", tmp);
     write_config(cfg_a, tmp, a, scorer_cmd, 6);
-    write_config(cfg_b, tmp, b, scorer_cmd, 6);
+    write_config(cfg_b, tmp, b, scorer_cmd, 4);  // the last resume asks for 6 (--steps)
 
     // 1. uninterrupted
     int rc = wait_exit(spawn_rl(cfg_a, false, log));
@@ -168,8 +175,8 @@ int main(void) {
     usleep(200000 + (useconds_t)(rand() % 800000));
     kill(p, SIGKILL);
     (void)wait_exit(p);
-    rc = wait_exit(spawn_rl(cfg_b, true, log));
-    CHECK(rc == 0, "resumed run exit %d", rc);
+    rc = wait_exit(spawn_rl_steps(cfg_b, true, "6", log));
+    CHECK(rc == 0, "resumed run (--steps 6) exit %d", rc);
     snprintf(path, sizeof path, "%s/ckpt-000006.tdck", a);
     char pb[700];
     snprintf(pb, sizeof pb, "%s/ckpt-000006.tdck", b);
