@@ -339,9 +339,13 @@ int main(void) {
     }
 
     // A rank killed mid-run: the job ends within a bound, and a restart from the last checkpoint
-    // reproduces the uninterrupted run (the reference: 1 process, batch 2 x 2, 200 steps).
+    // reproduces the uninterrupted run (the reference: 1 process, batch 2 x 2, KILL_STEPS steps).
+    // The run is long enough (a step of this tiny model takes about a millisecond) that it cannot
+    // finish between its first checkpoint and the kill: rank 1's process is found first, then the
+    // checkpoint is polled every millisecond.
     {
-        const char *long_steps = "200";
+        enum { KILL_STEPS = 2000 };
+        const char *long_steps = "2000";
         path(m_ref, sizeof m_ref, "kill_ref.jsonl");
         const char *er[] = {"--batch", "2", "--accum", "2", "--steps", long_steps, "--metrics", m_ref, NULL};
         CHECK(run(0, "kill_ref", er) == 0, "reference run");
@@ -353,8 +357,9 @@ int main(void) {
         char ck[500];
         snprintf(ck, sizeof ck, "%s/ckpt-000010/manifest.json", out);  // the first sharded checkpoint
         const double t0 = now_s();
-        while (access(ck, F_OK) && now_s() - t0 < 60) usleep(20000);
-        pid_t victim = find_rank(1);
+        pid_t victim = 0;
+        while (!(victim = find_rank(1)) && now_s() - t0 < 60) usleep(2000);
+        while (access(ck, F_OK) && now_s() - t0 < 60) usleep(1000);
         CHECK(victim > 0, "found rank 1's process");
         double secs = 0;
         int rc;
@@ -371,11 +376,11 @@ int main(void) {
         CHECK(run(2, "kill_b", er2) == 0, "restarted from the last checkpoint");
         // Every logged step of both segments equals the reference's (the cut segment's last
         // steps after the checkpoint are logged again by the restart).
-        static char lr[MAXL * 8][48];
+        static char lr[KILL_STEPS][48];
         FILE *f = fopen(m, "r"), *g = fopen(m_ref, "r");
         int bad = 0, lines = 0, nr = 0;
         char line[1024];
-        while (g && nr < MAXL * 8 && fgets(line, sizeof line, g)) {
+        while (g && nr < KILL_STEPS && fgets(line, sizeof line, g)) {
             const char *l = strstr(line, "\"loss\":");
             if (l) snprintf(lr[nr++], 48, "%.*s", (int)strcspn(l + 7, ",}"), l + 7);
         }
@@ -390,7 +395,7 @@ int main(void) {
         }
         if (f) fclose(f);
         if (g) fclose(g);
-        CHECK(nr == 200 && lines >= 200 && bad == 0,
+        CHECK(nr == KILL_STEPS && lines >= KILL_STEPS && bad == 0,
               "killed and restarted: %d logged steps, %d differ from the uninterrupted run (%d reference lines)", lines,
               bad, nr);
     }
