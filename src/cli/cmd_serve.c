@@ -34,7 +34,13 @@ static void serve_usage(FILE *f) {
             "  --block-size N           tokens per KV block (default 16)\n"
             "  --kv-cache-dtype T       KV cache element type: auto (= f32), f32, f16 or bf16; f16/bf16\n"
             "                           hold twice the tokens in the same --kv-cache-memory\n"
-            "  --served-model-name NAME model id clients use (default: MODEL's last path component)\n"
+            "  --served-model-name NAME[,NAME...]  model ids clients use (default: MODEL's last path\n"
+            "                           component); the first is reported, all are accepted\n"
+            "  --alias NAME             one more accepted model id (llama-server's name)\n"
+            "  --allowed-origins LIST   CORS: '*' or comma-separated origins allowed to call the API\n"
+            "  --log-prompts            the per-request log line also carries the prompt text\n"
+            "  --tool-call-parser P     auto (default: chosen from the chat template), hermes,\n"
+            "                           llama3_json or none\n"
             "  --chat-template FILE     Jinja chat template overriding the tokenizer's\n"
             "  --no-prefix-caching      do not reuse KV of shared prompt prefixes\n"
             "  --threads N              forward threads (default: all cores)\n"
@@ -67,6 +73,10 @@ typedef struct {
     bool logprobs_processed;
     td_dtype kv_dtype;
     const char *api_key;
+    const char *aliases[16];  // --served-model-name's names after the first, and --alias
+    int n_aliases;
+    const char *allowed_origins, *tool_call_parser;
+    bool log_prompts;
     bool weight_sync, ws_shm;
     td_dtype ws_dtype;
     long ws_bucket_mb, ws_timeout_s;
@@ -129,9 +139,29 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
             o->backend = TAKE();
         } else if (!strcmp(a, "--shutdown-timeout")) {
             if (!td_arg_int(a, TAKE(), 0, 3600, &o->shutdown_s)) return -1;
-        } else if (!strcmp(a, "--served-model-name")) {
-            if (!v || !*v) return fprintf(stderr, "tandem: --served-model-name needs a value\n"), -1;
-            o->name = TAKE();
+        } else if (!strcmp(a, "--served-model-name") || !strcmp(a, "--alias")) {
+            if (!v || !*v) return fprintf(stderr, "tandem: %s needs a value\n", a), -1;
+            // comma-separated names; the first --served-model-name names the engine, the rest alias it
+            char *names = argv[++i];  // argv is writable; strtok_r splits it in place
+            for (char *save = NULL, *t = strtok_r(names, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (!*t) continue;
+                if (!o->name && !strcmp(a, "--served-model-name")) {
+                    o->name = t;
+                } else if (o->n_aliases < (int)(sizeof o->aliases / sizeof o->aliases[0])) {
+                    o->aliases[o->n_aliases++] = t;
+                } else {
+                    return fprintf(stderr, "tandem serve: at most 16 model aliases\n"), -1;
+                }
+            }
+        } else if (!strcmp(a, "--allowed-origins")) {
+            if (!v) return fprintf(stderr, "tandem: --allowed-origins needs a value\n"), -1;
+            o->allowed_origins = TAKE();
+        } else if (!strcmp(a, "--log-prompts")) {
+            o->log_prompts = true;
+        } else if (!strcmp(a, "--tool-call-parser")) {
+            if (!v || (strcmp(v, "auto") && strcmp(v, "hermes") && strcmp(v, "llama3_json") && strcmp(v, "none")))
+                return fprintf(stderr, "tandem serve: --tool-call-parser must be auto, hermes, llama3_json or none\n"), -1;
+            o->tool_call_parser = TAKE();
         } else if (!strcmp(a, "--chat-template")) {
             if (!v) return fprintf(stderr, "tandem: --chat-template needs a file\n"), -1;
             o->chat_template = TAKE();
@@ -281,6 +311,11 @@ int td_cmd_serve(int argc, char **argv) {
     sp.limits.default_logprobs_processed = o.logprobs_processed;
     sp.api_key = o.api_key && *o.api_key ? o.api_key : NULL;
     sp.weight_sync = ws;
+    sp.model_aliases = o.aliases;
+    sp.n_model_aliases = o.n_aliases;
+    sp.allowed_origins = o.allowed_origins;
+    sp.log_prompts = o.log_prompts;
+    sp.tool_call_parser = o.tool_call_parser;
     srv = td_server_start(&sp, td_eng_iface(eng), &err);
     if (!srv) {
         fprintf(stderr, "tandem serve: %s\n", err.msg);

@@ -25,6 +25,14 @@ typedef struct td_server_params {
                                 //   <api_key>" (compared in constant time), else 401. Borrowed.
     struct td_wsync *weight_sync;  // the /v1/weights routes' state (borrowed: free it after
                                    //   td_server_stop); NULL: those routes answer 404 "disabled"
+    const char *const *model_aliases;  // [n_model_aliases] more ids this model answers to (listed by
+    int n_model_aliases;               //   /v1/models after the engine's name; `--served-model-name a,b`,
+                                       //   `--alias`). Borrowed.
+    const char *allowed_origins;  // CORS: NULL or "": no CORS headers; "*": any origin; else a
+                                  //   comma-separated list of origins (`--allowed-origins`). Borrowed.
+    bool log_prompts;             // the per-request log line also carries the prompt text
+    const char *tool_call_parser; // how chat output becomes tool_calls: "auto" (chosen from the chat
+                                  //   template), "hermes", "llama3_json" or "none"; NULL = "auto"
 } td_server_params;
 
 td_server_params td_server_default_params(void);
