@@ -286,10 +286,39 @@ static bool parse_logit_bias(const cJSON *body, const td_api_limits *lim, td_srv
 
 static void delete_json(void *p) { cJSON_Delete(p); }
 
+bool td_api_model_known(const td_api_limits *lim, const char *served_model, const char *name) {
+    if (!name) return false;
+    if (served_model && !strcmp(name, served_model)) return true;
+    for (int i = 0; i < lim->n_model_aliases; i++)
+        if (lim->model_aliases[i] && !strcmp(name, lim->model_aliases[i])) return true;
+    return false;
+}
+
+const char *td_api_body_nul(const char *body, size_t len) {
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = body[i];
+        if (ch == 0) return "the request body contains a raw NUL byte (JSON strings escape control characters)";
+        if (!in_str) {
+            if (ch == '"') in_str = true;
+        } else if (ch == '"') {
+            in_str = false;
+        } else if (ch == '\\' && i + 1 < len) {
+            if (body[i + 1] == 'u' && i + 5 < len && !memcmp(body + i + 2, "0000", 4))
+                return "a string contains U+0000 (\\u0000), which tandem does not take in text: it would cut the "
+                       "text short (send token ids instead)";
+            i++;  // the escaped character
+        }
+    }
+    return NULL;
+}
+
 bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_limits *lim,
                   const char *served_model, td_srv_arena *a, td_api_request *r, td_api_error *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
+    const char *nul = td_api_body_nul(body, len);
+    if (nul) return td_api_fail(e, 400, NULL, "%s", nul);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
     if (!root) return td_api_fail(e, 400, NULL, "the request body is not valid JSON");
@@ -307,7 +336,7 @@ bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_l
     if (model) {
         if (!cJSON_IsString(model)) return td_api_fail(e, 400, "model", "'model' must be a string");
         r->model = model->valuestring;
-        if (served_model && strcmp(model->valuestring, served_model) != 0)
+        if (served_model && !td_api_model_known(lim, served_model, model->valuestring))
             return td_api_fail(e, 404, "model", "The model `%.200s` does not exist.", model->valuestring);
     }
 
@@ -337,7 +366,10 @@ bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_l
     long v;
     bool given;
     long max_len = lim->max_model_len > 0 ? lim->max_model_len : 2147483647L;
-    if (kind == TD_API_CHAT && field(root, "max_completion_tokens")) {
+    // max_completion_tokens (OpenAI's newer name) wins over max_tokens on both endpoints, as vLLM's
+    // chat route does (max_completion_tokens or max_tokens)
+    const cJSON *mct = field(root, "max_completion_tokens");
+    if (mct && !cJSON_IsNull(mct)) {
         if (!get_int(root, "max_completion_tokens", 1, max_len, &v, &given, e)) return false;
     } else {
         if (!get_int(root, "max_tokens", 1, max_len, &v, &given, e)) return false;
@@ -359,8 +391,10 @@ bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_l
     if (!parse_logit_bias(root, lim, a, g, e)) return false;
     const cJSON *seed = field(root, "seed");
     if (seed) {
-        if (!is_integer(seed, -9223372036854775808.0, 9223372036854775807.0))
-            return td_api_fail(e, 400, "seed", "'seed' must be an integer");
+        // [-2^63, 2^63): 9223372036854775807.0 rounds to 2^63 as a double, which does not convert
+        if (!is_integer(seed, -9223372036854775808.0, 9223372036854775807.0) ||
+            seed->valuedouble >= 9223372036854775808.0)
+            return td_api_fail(e, 400, "seed", "'seed' must be an integer in [-2^63, 2^63)");
         g->has_seed = true;
         g->seed = (uint64_t)(int64_t)seed->valuedouble;
     }

@@ -21,6 +21,8 @@ typedef struct td_api_limits {
     int vocab_size;       // token ids must be in [0, vocab_size); 0 = unchecked
     int max_prompt_ids;   // token ids in one token-array prompt
     bool default_logprobs_processed;  // logprobs_mode when a request omits it (serve --logprobs-mode)
+    const char *const *model_aliases;  // [n_model_aliases] more accepted "model" names (borrowed)
+    int n_model_aliases;
 } td_api_limits;
 
 td_api_limits td_api_default_limits(void);
@@ -68,6 +70,12 @@ typedef struct td_api_request {
 // arena may hold partial allocations, freed with it.
 bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_limits *lim,
                   const char *served_model, td_srv_arena *a, td_api_request *out, td_api_error *e);
+
+// Whether a request's "model" names this server: served_model or one of lim's aliases.
+bool td_api_model_known(const td_api_limits *lim, const char *served_model, const char *name);
+// NULL, or why the raw body cannot be taken: a raw NUL byte, or \u0000 inside a string (cJSON's
+// NUL-terminated strings would silently cut the text there).
+const char *td_api_body_nul(const char *body, size_t len);
 
 const char *td_finish_reason_str(td_finish_reason r);  // "stop", "length", "abort"; NULL for NONE
 

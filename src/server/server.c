@@ -43,7 +43,7 @@ int td_server_stop(td_server *s, int grace_ms) { return 0; }
 #define RESERVE_CONNECTIONS 16  // beyond max_connections: answered with 503, then closed
 
 typedef enum {
-    R_NONE, R_HEALTH, R_MODELS, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_COMPLETIONS, R_CHAT,
+    R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_COMPLETIONS, R_CHAT,
     R_W_INFO, R_W_TENSORS, R_W_BEGIN, R_W_BUCKET, R_W_COMMIT, R_W_ABORT,  // weight sync
 } route;
 
@@ -132,6 +132,12 @@ typedef struct srv_req {
     cJSON *commit_answer;
     td_api_error commit_err;
     int usage_prompt, usage_completion, usage_cached;
+    int status;            // HTTP status of the response queued (for the request log line)
+    char method[8];
+    char url[128];
+    const char *log_text;  // the (first) prompt's text, for --log-prompts (arena)
+    size_t log_text_len;
+    const char *origin;    // the request's Origin when CORS allows it (MHD's header storage), else NULL
     double t_arrival, t_first;
     int64_t created;
     char id[48];
@@ -160,15 +166,30 @@ struct td_server {
 
 // ---- small helpers ---------------------------------------------------------------------------------
 
+// CORS headers for an allowed Origin (set in on_request from --allowed-origins).
+static void add_cors(const srv_req *r, struct MHD_Response *resp) {
+    if (!r || !r->origin) return;
+    MHD_add_response_header(resp, "Access-Control-Allow-Origin", r->origin);
+    MHD_add_response_header(resp, "Vary", "Origin");
+}
+
 static enum MHD_Result send_body(srv_req *r, struct MHD_Connection *c, int status, const char *ctype, const char *body,
                                  size_t len) {
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, "Content-Type", ctype);
+    add_cors(r, resp);
+    if (status == 405 && r) {
+        route rt = r->rt;
+        bool get = rt == R_HEALTH || rt == R_MODELS || rt == R_MODEL || rt == R_METRICS || rt == R_W_INFO ||
+                   rt == R_W_TENSORS;
+        MHD_add_response_header(resp, "Allow", get ? "GET, HEAD" : "POST");
+    }
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
     MHD_destroy_response(resp);
     if (r) {
         r->response_queued = true;
+        r->status = status;
         td_srv_metrics_http(r->srv->metrics, status);
     }
     return ret;
@@ -390,7 +411,7 @@ static cJSON *chunk_base(srv_req *r) {
     cJSON_AddStringToObject(j, "object", r->api.kind == TD_API_CHAT ? (r->api.gen.stream ? "chat.completion.chunk" : "chat.completion")
                                                                     : "text_completion");
     cJSON_AddNumberToObject(j, "created", (double)r->created);
-    cJSON_AddStringToObject(j, "model", r->srv->info.model_name);
+    cJSON_AddStringToObject(j, "model", r->api.gen.model ? r->api.gen.model : r->srv->info.model_name);
     return j;
 }
 
@@ -811,6 +832,10 @@ static route match_route(const char *url, const char *method, bool *method_ok) {
                  {"/v1/weights", "GET", R_W_INFO},       {"/v1/weights/tensors", "GET", R_W_TENSORS},
                  {"/v1/weights/begin", "POST", R_W_BEGIN}, {"/v1/weights/bucket", "POST", R_W_BUCKET},
                  {"/v1/weights/commit", "POST", R_W_COMMIT}, {"/v1/weights/abort", "POST", R_W_ABORT}};
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) {
+        *method_ok = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+        return R_MODEL;
+    }
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (strcmp(url, table[i].path) == 0) {
             *method_ok = strcmp(method, table[i].method) == 0 ||
@@ -856,21 +881,48 @@ static int render_chat(srv_req *r, const cJSON *messages, bool add_gen, bool add
     return tokenize_into(r, copy, len, add_special, ids, e);
 }
 
-static enum MHD_Result route_models(srv_req *r, struct MHD_Connection *c) {
-    td_server *s = r->srv;
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "object", "list");
-    cJSON *d = cJSON_AddArrayToObject(j, "data");
+// One /v1/models entry: the engine's model under the id a client knows it by (its name or an alias).
+static cJSON *model_object(const td_server *s, const char *id) {
     cJSON *m = cJSON_CreateObject();
-    cJSON_AddItemToArray(d, m);
-    cJSON_AddStringToObject(m, "id", s->info.model_name);
+    cJSON_AddStringToObject(m, "id", id);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)s->info.created);
     cJSON_AddStringToObject(m, "owned_by", "tandem");
     cJSON_AddStringToObject(m, "root", s->info.model_name);
     cJSON_AddNullToObject(m, "parent");
     cJSON_AddNumberToObject(m, "max_model_len", s->info.max_model_len);
+    return m;
+}
+
+static enum MHD_Result route_models(srv_req *r, struct MHD_Connection *c) {
+    td_server *s = r->srv;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "object", "list");
+    cJSON *d = cJSON_AddArrayToObject(j, "data");
+    cJSON_AddItemToArray(d, model_object(s, s->info.model_name));
+    for (int i = 0; i < s->p.n_model_aliases; i++)
+        if (s->p.model_aliases[i] && strcmp(s->p.model_aliases[i], s->info.model_name))
+            cJSON_AddItemToArray(d, model_object(s, s->p.model_aliases[i]));
     return send_json(r, c, 200, j);
+}
+
+// GET /v1/models/{id}: the model object, or OpenAI's 404 model_not_found.
+static enum MHD_Result route_model(srv_req *r, struct MHD_Connection *c) {
+    td_server *s = r->srv;
+    const char *id = r->url + 11;
+    if (td_api_model_known(&s->p.limits, s->info.model_name, id))
+        return send_json(r, c, 200, model_object(s, id));
+    td_api_error e;
+    td_api_fail(&e, 404, "model", "The model `%.200s` does not exist.", id);
+    e.type = "NotFoundError";
+    char *body = td_api_error_json(&e);
+    if (!body) return MHD_NO;
+    // OpenAI's code for this case is the string "model_not_found"
+    cJSON *j = cJSON_Parse(body);
+    free(body);
+    cJSON *err = j ? cJSON_GetObjectItemCaseSensitive(j, "error") : NULL;
+    if (err) cJSON_ReplaceItemInObjectCaseSensitive(err, "code", cJSON_CreateString("model_not_found"));
+    return send_json(r, c, 404, j);
 }
 
 static enum MHD_Result route_metrics(srv_req *r, struct MHD_Connection *c) {
@@ -892,6 +944,8 @@ static enum MHD_Result route_metrics(srv_req *r, struct MHD_Connection *c) {
 }
 
 static cJSON *parse_body_object(srv_req *r, td_api_error *e) {
+    const char *nul = td_api_body_nul(r->body.p ? r->body.p : "", r->body.len);
+    if (nul) return td_api_fail(e, 400, NULL, "%s", nul), NULL;
     cJSON *j = cJSON_ParseWithLength(r->body.p ? r->body.p : "", r->body.len);
     if (!j) return td_api_fail(e, 400, NULL, "the request body is not valid JSON"), NULL;
     if (!cJSON_IsObject(j)) {
@@ -913,7 +967,7 @@ static enum MHD_Result route_tokenize(srv_req *r, struct MHD_Connection *c) {
     const cJSON *agp = cJSON_GetObjectItemCaseSensitive(j, "add_generation_prompt");
     int32_t *ids = NULL;
     int n = -1;
-    if (model && !cJSON_IsNull(model) && (!cJSON_IsString(model) || strcmp(model->valuestring, s->info.model_name) != 0)) {
+    if (model && !cJSON_IsNull(model) && (!cJSON_IsString(model) || !td_api_model_known(&s->p.limits, s->info.model_name, model->valuestring))) {
         td_api_fail(&e, 404, "model", "The model `%.200s` does not exist.", cJSON_IsString(model) ? model->valuestring : "?");
     } else if (as && !cJSON_IsNull(as) && !cJSON_IsBool(as)) {
         td_api_fail(&e, 400, "add_special_tokens", "'add_special_tokens' must be a boolean");
@@ -1123,10 +1177,47 @@ static enum MHD_Result send_unauthorized(srv_req *r, struct MHD_Connection *c, b
     if (!resp) return free(body), MHD_NO;
     MHD_add_response_header(resp, "Content-Type", "application/json");
     MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    add_cors(r, resp);
     enum MHD_Result ret = MHD_queue_response(c, 401, resp);
     MHD_destroy_response(resp);
     r->response_queued = true;
+    r->status = 401;
     td_srv_metrics_http(r->srv->metrics, 401);
+    return ret;
+}
+
+// --allowed-origins: "*" or a comma-separated list of exact origins.
+static bool origin_allowed(const td_server *s, const char *origin) {
+    const char *list = s->p.allowed_origins;
+    if (!origin || !list || !*list) return false;
+    size_t ol = strlen(origin);
+    for (const char *p = list; *p;) {
+        while (*p == ' ' || *p == ',') p++;
+        const char *e = p;
+        while (*e && *e != ',') e++;
+        const char *t = e;
+        while (t > p && t[-1] == ' ') t--;
+        if ((t - p == 1 && *p == '*') || ((size_t)(t - p) == ol && !strncmp(p, origin, ol))) return true;
+        p = e;
+    }
+    return false;
+}
+
+// A CORS preflight (OPTIONS with Origin): 204 with what may be sent, or 403 for an origin not allowed.
+static enum MHD_Result send_preflight(srv_req *r, struct MHD_Connection *c, bool allowed) {
+    if (!allowed) return send_err(r, c, 403, NULL, "this origin is not in the server's --allowed-origins");
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!resp) return MHD_NO;
+    add_cors(r, resp);
+    MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    const char *want = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    MHD_add_response_header(resp, "Access-Control-Allow-Headers", want && *want ? want : "Authorization, Content-Type");
+    MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+    enum MHD_Result ret = MHD_queue_response(c, 204, resp);
+    MHD_destroy_response(resp);
+    r->response_queued = true;
+    r->status = 204;
+    td_srv_metrics_http(r->srv->metrics, 204);
     return ret;
 }
 
@@ -1164,6 +1255,7 @@ static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
         if (kind == TD_API_CHAT) {
             char *text = NULL;
             n = render_chat(r, a->messages, a->add_generation_prompt, a->add_special_tokens, &ids, &text, &e);
+            if (text) r->log_text = text, r->log_text_len = strlen(text);
         } else if (a->prompts[i].ids) {
             ids = (int32_t *)a->prompts[i].ids;
             n = a->prompts[i].n_ids;
@@ -1182,6 +1274,7 @@ static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
             n = tokenize_into(r, a->prompts[i].text, a->prompts[i].text_len, a->add_special_tokens, &ids, &e);
             sb->prompt_text = a->prompts[i].text;
             sb->prompt_text_len = a->prompts[i].text_len;
+            if (!r->log_text) r->log_text = sb->prompt_text, r->log_text_len = sb->prompt_text_len;
         }
         if (n < 0) return send_error(r, c, &e);
         if (n == 0) return send_err(r, c, 400, kind == TD_API_CHAT ? "messages" : "prompt", "the prompt is empty");
@@ -1254,6 +1347,8 @@ static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
         if (!resp) return MHD_NO;
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        add_cors(r, resp);
+        r->status = 200;
         enum MHD_Result ret = MHD_queue_response(c, 200, resp);
         MHD_destroy_response(resp);
         r->response_queued = true;
@@ -1319,8 +1414,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         pthread_mutex_unlock(&s->mu);
         *con_cls = r;
         if (!r->arena) return MHD_NO;
+        snprintf(r->method, sizeof r->method, "%s", method);
+        snprintf(r->url, sizeof r->url, "%s", url);
         bool method_ok;
         r->rt = match_route(url, method, &method_ok);
+        const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+        bool cors_ok = origin_allowed(s, origin);
+        if (cors_ok) r->origin = origin;
+        if (!strcmp(method, "OPTIONS") && origin && s->p.allowed_origins && *s->p.allowed_origins)
+            return send_preflight(r, c, cors_ok);  // browsers send no credentials with a preflight
         if (r->rt != R_HEALTH && !auth_ok(s, c))
             return send_unauthorized(r, c, MHD_lookup_connection_value(c, MHD_HEADER_KIND,
                                                                        MHD_HTTP_HEADER_AUTHORIZATION) != NULL);
@@ -1365,6 +1467,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     switch (r->rt) {
     case R_HEALTH: return send_body(r, c, 200, "application/json", "", 0);
     case R_MODELS: return route_models(r, c);
+    case R_MODEL: return route_model(r, c);
     case R_METRICS: return route_metrics(r, c);
     case R_TOKENIZE: return route_tokenize(r, c);
     case R_DETOKENIZE: return route_detokenize(r, c);
@@ -1374,11 +1477,51 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
 }
 
+// The request log line (docs/server.md): logfmt, one per request, at info level.
+static void log_request(const td_server *s, srv_req *r, struct MHD_Connection *c, enum MHD_RequestTerminationCode toe) {
+    char client[64] = "?";
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)ci->client_addr;
+        char a[INET_ADDRSTRLEN];
+        if (inet_ntop(AF_INET, &in->sin_addr, a, sizeof a)) snprintf(client, sizeof client, "%s:%u", a, ntohs(in->sin_port));
+    }
+    const char *fin = "";
+    for (int i = 0; i < r->n_choices && r->choices; i++)
+        if (r->choices[i].reason != TD_FINISH_NONE) {
+            fin = td_finish_reason_str(r->choices[i].reason);
+            break;
+        }
+    char prompt[1024] = "";
+    if (s->p.log_prompts && r->log_text) {
+        // quoted, with " \ and control bytes escaped, cut at ~900 bytes
+        size_t k = 0;
+        prompt[k++] = ' ', memcpy(prompt + k, "prompt=\"", 8), k += 8;
+        const char *t = r->log_text;
+        for (size_t i = 0; i < r->log_text_len && k < 900; i++) {
+            unsigned char ch = (unsigned char)t[i];
+            if (ch == '"' || ch == '\\') prompt[k++] = '\\', prompt[k++] = (char)ch;
+            else if (ch < 0x20) k += (size_t)snprintf(prompt + k, sizeof prompt - k, "\\x%02x", ch);
+            else prompt[k++] = (char)ch;
+        }
+        prompt[k++] = '"';
+        prompt[k] = 0;
+    }
+    double now = td_now();
+    TD_LOGI("request id=%s method=%s route=%s status=%d client=%s stream=%s prompt_tokens=%d completion_tokens=%d "
+            "cached_tokens=%d ttft_ms=%.1f duration_ms=%.1f finish=%s%s%s",
+            r->id[0] ? r->id : "-", r->method, r->url, r->status, client, r->api.gen.stream ? "true" : "false",
+            r->usage_prompt, r->usage_completion, r->usage_cached, r->t_first >= 0 ? r->t_first * 1e3 : -1.0,
+            (now - r->t_arrival) * 1e3, *fin ? fin : "-", toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " aborted=true",
+            prompt);
+}
+
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     td_server *s = cls;
     srv_req *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
+    log_request(s, r, c, toe);
     pthread_mutex_lock(&r->mu);
     r->client_gone = true;
     pthread_mutex_unlock(&r->mu);
@@ -1426,6 +1569,8 @@ td_server *td_server_start(const td_server_params *p, td_engine engine, td_err *
         return NULL;
     }
     s->p = *p;
+    s->p.limits.model_aliases = p->model_aliases;
+    s->p.limits.n_model_aliases = p->n_model_aliases;
     if (!s->p.host) s->p.host = "127.0.0.1";
     if (s->p.max_connections <= 0) s->p.max_connections = 1024;
     s->eng = engine;
@@ -1452,10 +1597,14 @@ td_server *td_server_start(const td_server_params *p, td_engine engine, td_err *
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->p.max_connections + RESERVE_CONNECTIONS),
         MHD_OPTION_CONNECTION_TIMEOUT, s->p.idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         (size_t)(s->p.max_header_bytes ? s->p.max_header_bytes : 32u << 10), MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
     if (!s->mhd) {
-        td_err_set(err, TD_ERR_IO, "serve: cannot listen on %s:%d (%s)", s->p.host, p->port, strerror(errno));
+        // No address reuse: a second server on a busy port fails here instead of sharing the port.
+        if (errno == EADDRINUSE)
+            td_err_set(err, TD_ERR_IO, "serve: port %d on %s is already in use (another server listens there)",
+                       p->port, s->p.host);
+        else
+            td_err_set(err, TD_ERR_IO, "serve: cannot listen on %s:%d (%s)", s->p.host, p->port, strerror(errno));
         td_srv_metrics_free(s->metrics);
         free(s);
         return NULL;

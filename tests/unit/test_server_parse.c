@@ -68,6 +68,11 @@ static const bad_case bad[] = {
     {C, "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}", 400, "logit_bias"},
     {C, "{\"prompt\": \"x\", \"seed\": 1.5}", 400, "seed"},
     {C, "{\"prompt\": \"x\", \"seed\": \"7\"}", 400, "seed"},
+    // 2^63 - 1 is 2^63 as a double: converting it to int64 is undefined (UBSan flags it), so refused
+    {C, "{\"prompt\": \"x\", \"seed\": 9223372036854775807}", 400, "seed"},
+    {C, "{\"prompt\": \"x\", \"seed\": 9223372036854775808}", 400, "seed"},
+    {C, "{\"prompt\": \"x\", \"seed\": 1e300}", 400, "seed"},
+    {C, "{\"prompt\": \"x\", \"seed\": -9223372036854777856}", 400, "seed"},
     {C, "{\"prompt\": \"x\", \"stop\": 1}", 400, "stop"},
     {C, "{\"prompt\": \"x\", \"stop\": [\"a\", 2]}", 400, "stop"},
     {C, "{\"prompt\": \"x\", \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}", 400, "stop"},
@@ -158,6 +163,20 @@ int main(void) {
             CHECK(r.add_special_tokens && strcmp(r.model, "m") == 0, "defaults");
         }
         td_srv_arena_destroy(a);
+    }
+    // seed at both ends of the int64 range that a double holds exactly.
+    {
+        const char *bodies[] = {"{\"prompt\": \"x\", \"seed\": -9223372036854775808}",
+                                "{\"prompt\": \"x\", \"seed\": 9223372036854774784}"};
+        const uint64_t want[] = {(uint64_t)INT64_MIN, 9223372036854774784ull};
+        for (int k = 0; k < 2; k++) {
+            td_srv_arena *a = td_srv_arena_create(256);
+            td_api_request r;
+            td_api_error e = {0};
+            bool ok = td_api_parse(TD_API_COMPLETIONS, bodies[k], strlen(bodies[k]), &lim, "m", a, &r, &e);
+            CHECK(ok && r.gen.has_seed && r.gen.seed == want[k], "seed edge %d: %s", k, ok ? "" : e.message);
+            td_srv_arena_destroy(a);
+        }
     }
     // Defaults and prompt shapes.
     {
