@@ -39,7 +39,8 @@ static void serve_usage(FILE *f) {
             "  --alias NAME             one more accepted model id (llama-server's name)\n"
             "  --allowed-origins LIST   CORS: '*' or comma-separated origins allowed to call the API\n"
             "  --log-prompts            the per-request log line also carries the prompt text\n"
-
+            "  --tool-call-parser P     auto (default: chosen from the chat template), hermes,\n"
+            "                           llama3_json or none\n"
             "  --chat-template FILE     Jinja chat template overriding the tokenizer's\n"
             "  --no-prefix-caching      do not reuse KV of shared prompt prefixes\n"
             "  --threads N              forward threads (default: all cores)\n"
@@ -74,7 +75,7 @@ typedef struct {
     const char *api_key;
     const char *aliases[16];  // --served-model-name's names after the first, and --alias
     int n_aliases;
-    const char *allowed_origins;
+    const char *allowed_origins, *tool_call_parser;
     bool log_prompts;
     bool weight_sync, ws_shm;
     td_dtype ws_dtype;
@@ -157,6 +158,10 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
             o->allowed_origins = TAKE();
         } else if (!strcmp(a, "--log-prompts")) {
             o->log_prompts = true;
+        } else if (!strcmp(a, "--tool-call-parser")) {
+            if (!v || (strcmp(v, "auto") && strcmp(v, "hermes") && strcmp(v, "llama3_json") && strcmp(v, "none")))
+                return fprintf(stderr, "tandem serve: --tool-call-parser must be auto, hermes, llama3_json or none\n"), -1;
+            o->tool_call_parser = TAKE();
         } else if (!strcmp(a, "--chat-template")) {
             if (!v) return fprintf(stderr, "tandem: --chat-template needs a file\n"), -1;
             o->chat_template = TAKE();
@@ -310,6 +315,7 @@ int td_cmd_serve(int argc, char **argv) {
     sp.n_model_aliases = o.n_aliases;
     sp.allowed_origins = o.allowed_origins;
     sp.log_prompts = o.log_prompts;
+    sp.tool_call_parser = o.tool_call_parser;
     srv = td_server_start(&sp, td_eng_iface(eng), &err);
     if (!srv) {
         fprintf(stderr, "tandem serve: %s\n", err.msg);

@@ -57,6 +57,11 @@ typedef struct td_gen_request {
                                //   actually drawn from; alternatives are the best of its kept set (so
                                //   maybe fewer than k). Prompt logprobs stay raw.
     int prompt_logprobs;       // -1: none; k >= 0: same for the prompt tokens (completions echo+logprobs)
+    const char *grammar;       // NULL: unconstrained. Else a grammar in llama.cpp's GBNF (rule "root")
+                               //   that each choice's output text must match: the engine allows only
+                               //   tokens that keep it matchable and lets EOS through only where it is
+                               //   complete (src/grammar/grammar.h). Compiled by the engine at submit; a
+                               //   bad grammar fails submit with TD_ERR_INVALID and a message.
     bool echo;                 // informational: the server echoes the prompt itself
     bool stream;               // informational: the server frames events itself
 } td_gen_request;

@@ -31,6 +31,8 @@ typedef struct td_server_params {
     const char *allowed_origins;  // CORS: NULL or "": no CORS headers; "*": any origin; else a
                                   //   comma-separated list of origins (`--allowed-origins`). Borrowed.
     bool log_prompts;             // the per-request log line also carries the prompt text
+    const char *tool_call_parser; // how chat output becomes tool_calls: "auto" (chosen from the chat
+                                  //   template), "hermes", "llama3_json" or "none"; NULL = "auto"
 } td_server_params;
 
 td_server_params td_server_default_params(void);
