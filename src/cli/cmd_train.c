@@ -45,6 +45,8 @@ static void usage(FILE *f) {
         "run:\n"
         "  --out DIR       checkpoint directory    --ckpt-every N (0: only at the end)\n"
         "  --keep N (3)    checkpoints kept        --resume   continue from the newest in --out\n"
+        "  --allow-changed-config  --resume with batch x accum, seq-len, lr schedule, AdamW, clip,\n"
+        "                  seed or precision unlike the checkpoint's: warn and record (else refused)\n"
         "  --seed N (1)    --threads N (all CPUs; the cpu backend's)\n"
         "  --backend NAME  where the model, gradients, activations and optimizer state live and\n"
         "                  every slot runs (default $TANDEM_BACKEND, else cpu); this build has:\n"
@@ -232,6 +234,7 @@ static int td_cmd_train_args(int argc, char **argv) {
         else if (!strcmp(a, "--bf16")) p.model.precision = TD_TRAIN_BF16;
         else if (!strcmp(a, "--recompute")) p.model.recompute = 1;
         else if (!strcmp(a, "--resume")) p.resume = 1;
+        else if (!strcmp(a, "--allow-changed-config")) p.allow_changed = 1;
         else if (!strcmp(a, "--gemm")) {
             if (v && !strcmp(v, "dnnl")) {
                 p.model.gemm = TD_TRAIN_GEMM_DNNL;

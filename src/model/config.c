@@ -45,7 +45,29 @@ static void add_eos(td_model_config *c, int64_t id) {
 
 // ---- config.json --------------------------------------------------------------------------
 
+// The shape fields' allowed ranges [1, cap]: the caps keep every product below in range (products
+// of two fit in int64, of sizes in int). Shared by json_int (as read) and td_config_validate.
+#define SHAPE_CAP (1 << 24)
+static const struct { const char *name; int cap; } SHAPE_RANGE[] = {
+    {"vocab_size", 1 << 26},          {"hidden_size", SHAPE_CAP},         {"num_hidden_layers", 1 << 16},
+    {"num_attention_heads", 1 << 16}, {"num_key_value_heads", 1 << 16},   {"head_dim", 1 << 16},
+    {"intermediate_size", SHAPE_CAP}, {"max_position_embeddings", 1 << 30},
+};
+
+static int shape_cap(const char *key) {
+    for (size_t i = 0; i < sizeof SHAPE_RANGE / sizeof SHAPE_RANGE[0]; i++)
+        if (!strcmp(SHAPE_RANGE[i].name, key)) return SHAPE_RANGE[i].cap;
+    return 0;
+}
+
+static const char *json_type_name(const cJSON *j) {
+    return cJSON_IsString(j) ? "a string" : cJSON_IsBool(j) ? "a boolean" : cJSON_IsArray(j) ? "an array"
+           : cJSON_IsObject(j) ? "an object" : "not a number";
+}
+
 // Reads an integer field. Absent or null -> *out = def (TD_ERR_FORMAT naming it if required).
+// A shape field (SHAPE_RANGE) must lie in [1, cap], any other in int32's range; the message says
+// which of wrong type, not an integer, or out of range (with the range).
 static td_status json_int(const cJSON *o, const char *key, int required, int def, int *out, const char *what,
                           td_err *err) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -54,10 +76,16 @@ static td_status json_int(const cJSON *o, const char *key, int required, int def
         *out = def;
         return TD_OK;
     }
-    if (!cJSON_IsNumber(j) || j->valuedouble != floor(j->valuedouble) || j->valuedouble < -2147483648.0 ||
-        j->valuedouble > 2147483647.0)
-        return td_err_set(err, TD_ERR_FORMAT, "%s: %s must be an integer", what, key);
-    *out = (int)j->valuedouble;
+    if (!cJSON_IsNumber(j))
+        return td_err_set(err, TD_ERR_FORMAT, "%s: %s must be an integer, not %s", what, key, json_type_name(j));
+    const double v = j->valuedouble;
+    const int cap = shape_cap(key);
+    const double lo = cap ? 1 : -2147483648.0, hi = cap ? cap : 2147483647.0;
+    if (isfinite(v) && v == floor(v) && (v < lo || v > hi))
+        return td_err_set(err, TD_ERR_FORMAT, "%s: %s: %.17g is out of range [%.0f, %.0f]", what, key, v, lo, hi);
+    if (v != floor(v) || !isfinite(v))
+        return td_err_set(err, TD_ERR_FORMAT, "%s: %s: %.17g must be an integer", what, key, v);
+    *out = (int)v;
     return TD_OK;
 }
 
@@ -279,7 +307,8 @@ static td_status gg_int(const td_gguf *g, const char *arch, const char *suffix, 
     }
     if (s) return s;
     if (v < INT32_MIN || v > INT32_MAX)
-        return td_err_set(err, TD_ERR_FORMAT, "%s: %s = %" PRId64 " out of range", td_gguf_path(g), key, v);
+        return td_err_set(err, TD_ERR_FORMAT, "%s: %s: %" PRId64 " is out of range [%d, %d]", td_gguf_path(g), key, v,
+                          INT32_MIN, INT32_MAX);
     *out = (int)v;
     return TD_OK;
 }
@@ -396,24 +425,18 @@ td_status td_config_from_gguf(td_model_config *c, const td_gguf *g, td_err *err)
 
 td_status td_config_validate(const td_model_config *c, const char *what, td_err *err) {
     if (!what) what = "config";
-    // Caps keep every product below (products of two fit in int64, of sizes in int).
-    static const int CAP = 1 << 24;
-    struct { const char *name; int v; int cap; } pos[] = {
-        {"vocab_size", c->vocab_size, 1 << 26}, {"hidden_size", c->dim, CAP}, {"num_hidden_layers", c->n_layers, 1 << 16},
-        {"num_attention_heads", c->n_heads, 1 << 16}, {"num_key_value_heads", c->n_kv_heads, 1 << 16},
-        {"head_dim", c->head_dim, 1 << 16}, {"intermediate_size", c->ffn_dim, CAP},
-        {"max_position_embeddings", c->max_pos, 1 << 30},
-    };
-    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
-        if (pos[i].v <= 0 || pos[i].v > pos[i].cap)
-            return td_err_set(err, TD_ERR_INVALID, "%s: %s = %d must be in [1, %d]", what, pos[i].name, pos[i].v,
-                              pos[i].cap);
+    const int v[] = {c->vocab_size, c->dim,     c->n_layers, c->n_heads,
+                     c->n_kv_heads, c->head_dim, c->ffn_dim,  c->max_pos};  // SHAPE_RANGE's order
+    for (size_t i = 0; i < sizeof SHAPE_RANGE / sizeof SHAPE_RANGE[0]; i++)
+        if (v[i] <= 0 || v[i] > SHAPE_RANGE[i].cap)
+            return td_err_set(err, TD_ERR_INVALID, "%s: %s: %d is out of range [1, %d]", what, SHAPE_RANGE[i].name,
+                              v[i], SHAPE_RANGE[i].cap);
     if (c->n_heads % c->n_kv_heads)
         return td_err_set(err, TD_ERR_INVALID, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                           what, c->n_heads, c->n_kv_heads);
     if (c->head_dim % 2)
         return td_err_set(err, TD_ERR_INVALID, "%s: head_dim %d must be even (RoPE pairs)", what, c->head_dim);
-    if ((int64_t)c->n_heads * c->head_dim > CAP)
+    if ((int64_t)c->n_heads * c->head_dim > SHAPE_CAP)
         return td_err_set(err, TD_ERR_INVALID, "%s: heads * head_dim too large", what);
     if (!(c->norm_eps > 0) || !isfinite(c->norm_eps))
         return td_err_set(err, TD_ERR_INVALID, "%s: rms_norm_eps %g must be positive", what, c->norm_eps);

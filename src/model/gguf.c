@@ -360,6 +360,41 @@ static td_status parse_tensor(td_gguf *g, cursor *c, gguf_tensor *t) {
     return TD_OK;
 }
 
+typedef struct {
+    uint64_t lo, hi;  // bytes from the data section start: [lo, hi)
+    int64_t i;        // tensor index
+} tensor_range;
+
+static int range_cmp(const void *a, const void *b) {
+    const tensor_range *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo ? 1 : (x->i > y->i) - (x->i < y->i);
+}
+
+// No two tensors' data may share a byte (a tensor whose type was changed to a larger one would
+// otherwise read its neighbour's bytes). Tensors of a type that cannot be sized (nbytes 0) are
+// not checked: they cannot be read either. Ranges end inside the data section (checked above).
+static td_status check_overlap(td_gguf *g, td_err *err) {
+    tensor_range *r = malloc((size_t)g->n_tensors * sizeof *r);
+    if (!r) return td_err_set(err, TD_ERR_NOMEM, "%s: out of memory", g->what);
+    int64_t n = 0;
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].nbytes)
+            r[n++] = (tensor_range){g->tensors[i].offset, g->tensors[i].offset + g->tensors[i].nbytes, i};
+    qsort(r, (size_t)n, sizeof *r, range_cmp);
+    td_status s = TD_OK;
+    for (int64_t k = 1; k < n && !s; k++) {
+        if (r[k].lo >= r[k - 1].hi) continue;
+        const gguf_tensor *a = &g->tensors[r[k - 1].i], *b = &g->tensors[r[k].i];
+        int na = a->name.len > 200 ? 200 : (int)a->name.len, nb = b->name.len > 200 ? 200 : (int)b->name.len;
+        s = td_err_set(err, TD_ERR_FORMAT,
+                       "%s: corrupt: tensor %.*s data [%" PRIu64 ", %" PRIu64 ") overlaps tensor %.*s data [%" PRIu64
+                       ", %" PRIu64 ")", g->what, na, a->name.ptr, r[k - 1].lo, r[k - 1].hi, nb, b->name.ptr,
+                       r[k].lo, r[k].hi);
+    }
+    free(r);
+    return s;
+}
+
 static td_status parse(td_gguf *g, td_err *err) {
     cursor c = {g->data, g->size, 0, g->what, err};
     td_status s;
@@ -427,7 +462,7 @@ static td_status parse(td_gguf *g, td_err *err) {
                               ") lies beyond the end of the data section (%" PRIu64 " bytes)",
                               g->what, nl, t->name.ptr, t->offset, t->nbytes, room);
     }
-    return TD_OK;
+    return check_overlap(g, err);
 }
 
 static td_status open_common(td_gguf *g, const char *what, td_gguf **out, td_err *err) {

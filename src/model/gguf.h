@@ -1,6 +1,7 @@
 // GGUF v3 reader (v2 accepted): metadata key/values and tensor infos over a read-only mapping.
 // Every length, count and offset is checked against the file size before use, so a truncated or
-// hostile file yields TD_ERR_FORMAT naming the problem, never an out-of-bounds read.
+// hostile file yields TD_ERR_FORMAT naming the problem, never an out-of-bounds read; two tensors
+// whose data ranges overlap are refused at open, both named.
 // Strings point into the mapping and are NOT NUL-terminated: use (ptr, len).
 #ifndef TD_MODEL_GGUF_H
 #define TD_MODEL_GGUF_H

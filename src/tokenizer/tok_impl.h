@@ -110,6 +110,7 @@ struct td_tokenizer {
     char *bos_token, *eos_token, *chat_template;
     int32_t bos_id, eos_id;
     bool add_bos;
+    pcre2_match_context *mctx;  // NULL: PCRE2's default limits; set by tok_set_match_limit; owned
 };
 
 // Engine helpers used by the loaders (tokenizer.c).
@@ -142,6 +143,9 @@ size_t tok_bytelevel_to_raw(const char *s, size_t n, char *out);
 // Compiles a HF (Oniguruma) pattern with PCRE2 UTF|UCP and JIT; literal=true escapes it.
 td_status tok_compile_regex(const char *pat, size_t n, bool literal, pcre2_code **out, td_err *err);
 extern const char tok_gpt2_pattern[];
+// Caps the pre-tokenizer regex's match work (pcre2_set_match_limit) so that a test can make a
+// match fail with PCRE2_ERROR_MATCHLIMIT: encode then fails with PCRE2's message. NOMEM only.
+td_status tok_set_match_limit(td_tokenizer *t, uint32_t limit, td_err *err);
 // Decodes one UTF-8 sequence at s (n > 0 bytes). Returns the bytes consumed; *cp is the code
 // point or -1 for an ill-formed sequence (then the return is the maximal subpart length, >= 1).
 // *incomplete is set when the ill-formed part is a valid prefix cut short by the end of input.

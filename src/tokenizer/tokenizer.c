@@ -2,6 +2,7 @@
 // pre-tokenization, rank-based BPE (HF) and score-based BPE (llama.cpp SPM), decode, detok.
 // Loading lives in tok_json.c / tok_gguf.c; this file never touches JSON or GGUF.
 #define _GNU_SOURCE  // memmem
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -370,6 +371,7 @@ void td_tokenizer_free(td_tokenizer *t) {
     free(t->added), free(t->trie);
     for (int i = 0; i < t->n_norm; i++) free(t->norm[i].a), free(t->norm[i].b);
     for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
+    pcre2_match_context_free(t->mctx);
     for (int i = 0; i < t->n_dec_replace; i++) free(t->dec_from[i]), free(t->dec_to[i]);
     free(t->bos_token), free(t->eos_token), free(t->chat_template);
     free(t);
@@ -465,7 +467,9 @@ typedef struct {
     pcre2_match_data *md;
     bool at_input_start;  // w->norm[0] is at offset 0 of the input (Metaspace prepend "first")
     td_tokens *out;
-    bool oom;
+    bool oom;  // stops every loop: out of memory, or a regex match error (re_err)
+    int re_err;  // a pcre2_match error other than no match and the JIT stack limit (0: none)
+    pcre2_match_context *mctx;  // the tokenizer's (NULL: PCRE2's defaults)
 } work;
 
 static bool push_id(work *w, int32_t id) {
@@ -722,9 +726,15 @@ static void split_regex(work *w, const tok_pre *p, span in) {
     size_t start = 0;
     w->nr = 0;
     for (;;) {
-        int rc = start <= n ? pcre2_match(p->re, (PCRE2_SPTR)subj, n, start, PCRE2_NO_UTF_CHECK, w->md, NULL) : -1;
+        int rc = start <= n ? pcre2_match(p->re, (PCRE2_SPTR)subj, n, start, PCRE2_NO_UTF_CHECK, w->md, w->mctx)
+                            : PCRE2_ERROR_NOMATCH;
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
-            rc = pcre2_match(p->re, (PCRE2_SPTR)subj, n, start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, w->md, NULL);
+            rc = pcre2_match(p->re, (PCRE2_SPTR)subj, n, start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, w->md, w->mctx);
+        if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {  // a match limit, ...: never "no match" (wrong ids)
+            w->re_err = rc;
+            w->oom = true;
+            return;
+        }
         size_t ms = n, me = n;
         bool found = rc >= 0;
         if (found) {
@@ -1123,6 +1133,7 @@ td_status td_tokenizer_encode(const td_tokenizer *t, const char *text, size_t le
     if (!t || !out || (!text && len)) return td_err_set(err, TD_ERR_INVALID, "tokenize: null argument");
     work w = {0};
     w.out = out;
+    w.mctx = t->mctx;
     out->n = 0;
     if (len && !utf8_valid(text, len)) {
         bool ok;
@@ -1148,7 +1159,24 @@ td_status td_tokenizer_encode(const td_tokenizer *t, const char *text, size_t le
         for (int k = 0; k < t->n_suffix; k++) push_id(&w, t->post_suffix[k]);
     free(w.norm.p), free(w.tmp.p), free(w.clean.p), free(w.sp), free(w.sp2), free(w.syms), free(w.heap);
     free(w.rs), free(w.rm);
+    if (w.re_err) {
+        PCRE2_UCHAR msg[256];
+        if (pcre2_get_error_message(w.re_err, msg, sizeof msg) < 0) snprintf((char *)msg, sizeof msg, "error");
+        td_status st = w.re_err == PCRE2_ERROR_MATCHLIMIT || w.re_err == PCRE2_ERROR_DEPTHLIMIT ||
+                               w.re_err == PCRE2_ERROR_HEAPLIMIT || w.re_err == PCRE2_ERROR_NOMEMORY
+                           ? TD_ERR_LIMIT
+                           : TD_ERR_INVALID;
+        return td_err_set(err, st, "tokenize: pre-tokenizer regex match failed (PCRE2 error %d: %s)", w.re_err,
+                          (const char *)msg);
+    }
     if (w.oom) return td_err_set(err, TD_ERR_NOMEM, "tokenize: out of memory");
+    return TD_OK;
+}
+
+td_status tok_set_match_limit(td_tokenizer *t, uint32_t limit, td_err *err) {
+    if (!t->mctx && !(t->mctx = pcre2_match_context_create(NULL)))
+        return td_err_set(err, TD_ERR_NOMEM, "tokenizer: out of memory");
+    pcre2_set_match_limit(t->mctx, limit);
     return TD_OK;
 }
 

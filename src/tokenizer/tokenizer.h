@@ -82,7 +82,9 @@ int td_tokenizer_id_to_piece(const td_tokenizer *t, int32_t id, char *buf, size_
 // added/special tokens are split out first, then normalizer, pre-tokenizer, BPE, and (with
 // add_special) the post-processor's BOS/EOS. Invalid UTF-8 in the input is replaced by U+FFFD per
 // maximal ill-formed subsequence (the WHATWG/Unicode practice that JS and Rust use) before
-// anything else. out->n is reset; ids are appended. TD_ERR_NOMEM on allocation failure.
+// anything else. out->n is reset; ids are appended. TD_ERR_NOMEM on allocation failure;
+// TD_ERR_LIMIT (a PCRE2 match, depth or heap limit) or TD_ERR_INVALID (any other PCRE2 error)
+// when the pre-tokenizer regex fails, with PCRE2's message: never ids of an unsplit text.
 td_status td_tokenizer_encode(const td_tokenizer *t, const char *text, size_t len, bool add_special,
                               td_tokens *out, td_err *err);
 

@@ -105,12 +105,82 @@ static cJSON *string_array(const char *const *v, int n) {
     return a;
 }
 
+// The settings a resumed run must share with the checkpoint it continues (td_train_run_params's
+// allow_changed relaxes this): what decides the optimisation from here on. The batch counts as
+// sequences per optimizer step (global batch x accumulation), so a run may resume on another
+// world size or split of the batch. Flat dotted keys; stored in every checkpoint's metadata.
+static cJSON *run_settings(const td_train_run_params *p) {
+    const td_trainer_params *tp = &p->trainer;
+    char seed[20];
+    snprintf(seed, sizeof seed, "%016" PRIx64, p->seed);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "sequences_per_step", (double)p->model.batch * tp->grad_accum);
+    cJSON_AddNumberToObject(o, "seq_len", p->model.seq_len);
+    cJSON_AddNumberToObject(o, "lr_schedule.max_lr", tp->lr.max_lr);
+    cJSON_AddNumberToObject(o, "lr_schedule.min_lr", tp->lr.min_lr);
+    cJSON_AddNumberToObject(o, "lr_schedule.warmup_steps", tp->lr.warmup_steps);
+    cJSON_AddNumberToObject(o, "lr_schedule.total_steps", tp->lr.total_steps);
+    cJSON_AddNumberToObject(o, "grad_clip", tp->grad_clip);
+    cJSON_AddNumberToObject(o, "adamw.beta1", tp->adam.beta1);
+    cJSON_AddNumberToObject(o, "adamw.beta2", tp->adam.beta2);
+    cJSON_AddNumberToObject(o, "adamw.eps", tp->adam.eps);
+    cJSON_AddNumberToObject(o, "adamw.weight_decay", tp->adam.weight_decay);
+    cJSON_AddStringToObject(o, "seed", seed);
+    cJSON_AddStringToObject(o, "precision", p->model.precision == TD_TRAIN_BF16 ? "bf16" : "fp32");
+    return o;
+}
+
+// A JSON scalar as text ("%.9g" for numbers: the settings are floats or small integers).
+static void scalar_text(const cJSON *v, char *buf, size_t cap) {
+    if (cJSON_IsNumber(v)) snprintf(buf, cap, "%.9g", v->valuedouble);
+    else if (cJSON_IsString(v)) snprintf(buf, cap, "%.60s", v->valuestring);
+    else if (cJSON_IsBool(v)) snprintf(buf, cap, "%s", cJSON_IsTrue(v) ? "true" : "false");
+    else snprintf(buf, cap, "(none)");
+}
+
+static int scalar_equal(const cJSON *a, const cJSON *b) {
+    if (cJSON_IsNumber(a) && cJSON_IsNumber(b))  // the floats compare as floats: the JSON text keeps 15 digits
+        return a->valuedouble == floor(a->valuedouble) && b->valuedouble == floor(b->valuedouble)
+                   ? a->valuedouble == b->valuedouble
+                   : (float)a->valuedouble == (float)b->valuedouble;
+    if (cJSON_IsString(a) && cJSON_IsString(b)) return !strcmp(a->valuestring, b->valuestring);
+    if (cJSON_IsBool(a) && cJSON_IsBool(b)) return cJSON_IsTrue(a) == cJSON_IsTrue(b);
+    return 0;
+}
+
+// Appends "key old -> new" for each of keys (NULL-ended; every key of now when NULL) whose value in
+// was (the checkpoint's) differs from now's, to msg, and {"key", "old", "new"} to changes (if not
+// NULL). A key absent from was (an older checkpoint) is not compared. Returns the count.
+static int diff_settings(const cJSON *was, const cJSON *now, const char *const *keys, char *msg, size_t cap,
+                         cJSON *changes) {
+    int n = 0;
+    const cJSON *it = keys ? NULL : now->child;
+    for (int k = 0; keys ? keys[k] != NULL : it != NULL; k++, it = it ? it->next : NULL) {
+        const char *key = keys ? keys[k] : it->string;
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(was, key), *b = cJSON_GetObjectItemCaseSensitive(now, key);
+        if (!a || scalar_equal(a, b)) continue;
+        char va[80], vb[80];
+        scalar_text(a, va, sizeof va), scalar_text(b, vb, sizeof vb);
+        size_t l = strlen(msg);
+        snprintf(msg + l, cap - l, "%s%s %s -> %s", n ? ", " : "", key, va, vb);
+        if (changes) {
+            cJSON *c = cJSON_CreateObject();
+            cJSON_AddStringToObject(c, "key", key);
+            cJSON_AddItemToObject(c, "old", cJSON_Duplicate(a, 1));
+            cJSON_AddItemToObject(c, "new", cJSON_Duplicate(b, 1));
+            cJSON_AddItemToArray(changes, c);
+        }
+        n++;
+    }
+    return n;
+}
+
 // The run's full resolved configuration (every option after defaults, the shards' vocabulary and
 // the thread count are resolved) as out_dir/train_config.json, written atomically at the start of
 // every run, so a checkpoint directory says how it was made. resumed_from: the step the run
 // continues from (-1: from scratch or model_dir).
 static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long resumed_from, int world,
-                              td_err *err) {
+                              const cJSON *changes, td_err *err) {
     if (!td_is_dir(p->out_dir) && mkdir(p->out_dir, 0755) != 0 && errno != EEXIST)
         return td_err_set(err, TD_ERR_IO, "%s: cannot create directory: %s", p->out_dir,
                           strerror(errno));
@@ -160,6 +230,7 @@ static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long 
     cJSON_AddNumberToObject(o, "keep", p->keep);
     cJSON_AddBoolToObject(o, "resume", p->resume != 0);
     cJSON_AddNumberToObject(o, "resumed_from_step", (double)resumed_from);
+    if (changes) cJSON_AddItemToObject(o, "resume_changes", cJSON_Duplicate(changes, 1));
     if (p->metrics_path)
         cJSON_AddStringToObject(o, "metrics", p->metrics_path);
     else
@@ -192,7 +263,7 @@ static td_status write_config(const td_train_run_params *p, td_tmodel *tm, long 
 // rank writing what it owns, collectively; am and av are then unused (the pieces carry the state).
 // am and av: the AdamW moments in parameter order (the host view).
 static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *tr, td_loader *ld,
-                      const float *am, const float *av, FILE *log, td_err *err) {
+                      const float *am, const float *av, FILE *log, const cJSON *changes, td_err *err) {
     const int nt = td_tmodel_n_tensors(tm);
     td_tmodel_params_to_host(tm);
     td_ckpt_tensor *ts = calloc((size_t)nt + 2, sizeof *ts);
@@ -216,6 +287,8 @@ static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *t
     cJSON_AddItemToObject(root, "loader", cJSON_Parse(pos));
     cJSON_AddStringToObject(root, "seed", seed);
     cJSON_AddItemToObject(root, "config", td_train_config_json(td_tmodel_config(tm)));
+    cJSON_AddItemToObject(root, "settings", run_settings(p));
+    if (changes) cJSON_AddItemToObject(root, "resume_changes", cJSON_Duplicate(changes, 1));
     td_comm *comm = p->trainer.comm && td_comm_size(p->trainer.comm) > 1 ? p->trainer.comm : NULL;
     td_ckpt_piece *pieces = NULL;
     int n_pieces = 0;
@@ -315,14 +388,49 @@ td_status td_train_load_ckpt_params(td_tmodel *tm, const char *path, td_err *err
 
 // Restores params, AdamW state, step and data position from the newest checkpoint in out_dir.
 // *found = 0 when there is none.
+// The model's shape must equal the checkpoint's (always refused otherwise); the settings
+// (run_settings) too unless p->allow_changed, when each change is warned about on p->log and
+// stderr and *changes gets them (recorded in train_config.json and the checkpoints that follow).
 static td_status restore(const td_train_run_params *p, td_tmodel *tm, td_trainer *tr, td_loader *ld,
-                         int *found, td_err *err) {
+                         int *found, cJSON **changes, td_err *err) {
     *found = 0;
     td_ckpt *ck = NULL;
     int64_t step = 0;
     td_status st = td_ckpt_dir_load_latest(p->out_dir, &ck, &step, err);
     if (st == TD_ERR_NOT_FOUND) return TD_OK;
     if (st) return st;
+    {
+        static const char *const shape[] = {"model_type", "vocab_size", "hidden_size", "num_hidden_layers",
+                                            "num_attention_heads", "num_key_value_heads", "head_dim",
+                                            "intermediate_size", "tie_word_embeddings", NULL};
+        cJSON *meta = cJSON_Parse(td_ckpt_meta(ck));
+        cJSON *cfg_now = td_train_config_json(td_tmodel_config(tm)), *set_now = run_settings(p);
+        cJSON *ch = cJSON_CreateArray();
+        char msg[TD_ERR_MSG_MAX - 160] = "";
+        const cJSON *cfg_was = meta ? cJSON_GetObjectItemCaseSensitive(meta, "config") : NULL;
+        const cJSON *set_was = meta ? cJSON_GetObjectItemCaseSensitive(meta, "settings") : NULL;
+        if (cfg_was && diff_settings(cfg_was, cfg_now, shape, msg, sizeof msg, NULL)) {
+            st = td_err_set(err, TD_ERR_INVALID, "%s: the model's shape cannot change on resume: %s", p->out_dir, msg);
+        } else if (set_was && diff_settings(set_was, set_now, NULL, msg, sizeof msg, ch)) {
+            if (!p->allow_changed)
+                st = td_err_set(err, TD_ERR_INVALID,
+                                "%s: resuming with changed settings: %s (--allow-changed-config accepts them)",
+                                p->out_dir, msg);
+            else {
+                fprintf(stderr, "tandem train: warning: resuming at step %lld with changed settings: %s\n",
+                        (long long)step, msg);
+                if (p->log && p->log != stderr)
+                    fprintf(p->log, "warning: resuming at step %lld with changed settings: %s\n", (long long)step, msg);
+                *changes = ch;
+                ch = NULL;
+            }
+        }
+        cJSON_Delete(ch);
+        cJSON_Delete(meta);
+        cJSON_Delete(cfg_now);
+        cJSON_Delete(set_now);
+        if (st) goto done;
+    }
     if ((st = td_train_ckpt_load_params(tm, ck, p->out_dir, err))) goto done;
     td_adamw *o = td_trainer_adamw(tr);
     const td_ckpt_tensor *m = td_ckpt_find(ck, "adam.m"), *v = td_ckpt_find(ck, "adam.v");
@@ -421,6 +529,7 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
     td_trainer *tr = NULL;
     int32_t *win = NULL, *tok = NULL, *tgt = NULL;
     FILE *metrics = NULL;
+    cJSON *changes = NULL;  // settings changed on resume (p->allow_changed), recorded with the run
     const double t_start = td_now();
     td_status st = td_loader_open(&lp, &ld, err);
     if (st) return st;
@@ -466,8 +575,9 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
     }
     if ((st = td_trainer_create(tm, &p->trainer, &tr, err))) goto done;
     int resumed = 0;
-    if (p->resume && (st = restore(p, tm, tr, ld, &resumed, err))) goto done;
-    if (rank == 0 && p->out_dir && (st = write_config(p, tm, resumed ? td_trainer_step_count(tr) : -1, world, err)))
+    if (p->resume && (st = restore(p, tm, tr, ld, &resumed, &changes, err))) goto done;
+    if (rank == 0 && p->out_dir &&
+        (st = write_config(p, tm, resumed ? td_trainer_step_count(tr) : -1, world, changes, err)))
         goto done;
     size_t np;
     td_tmodel_params_buf(tm, &np);
@@ -558,11 +668,12 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         if (p->out_dir && ((p->ckpt_every > 0 && (s + 1) % p->ckpt_every == 0) || last)) {
             td_adamw *o = td_trainer_adamw(tr);
             if (!comm) td_adamw_state_to_host(o);
-            if ((st = save(p, tm, tr, ld, td_adamw_host_m(o), td_adamw_host_v(o), log, err))) goto done;
+            if ((st = save(p, tm, tr, ld, td_adamw_host_m(o), td_adamw_host_v(o), log, changes, err))) goto done;
         }
     }
 done:
     if (metrics) fclose(metrics);
+    cJSON_Delete(changes);
     free(win);
     free(tok);
     free(tgt);

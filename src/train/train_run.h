@@ -28,6 +28,7 @@ typedef struct td_train_run_params {
     long ckpt_every;      // steps between checkpoints (and one at the end); <= 0: only the end
     int keep;             // checkpoints kept (<= 0: all)
     int resume;           // continue from the newest checkpoint in out_dir if there is one
+    int allow_changed;    // resume: accept settings that differ from the checkpoint's (warned, recorded)
     FILE *log;            // progress lines (NULL: none)
     const char *const *val_shards;  // validation shards (NULL: no evaluation)
     int n_val_shards;

@@ -149,6 +149,31 @@ static void test_errors(void) {
     }
     CHECK(td_config_from_hf_json(&c, NULL, 0, "x", &err) == TD_ERR_FORMAT, "NULL text");
 
+    // Integer fields: each failure says which it is (out of range with the range, not an
+    // integer, the wrong type), the field and the value.
+#define CFG(field)                                                                                  \
+    "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4,\"intermediate_size\":8," \
+    "\"vocab_size\":10," field "}"
+    struct { const char *js, *msg; } ints[] = {
+        {CFG("\"num_hidden_layers\":1e12"), "config.json: num_hidden_layers: 1000000000000 is out of range [1, 65536]"},
+        {CFG("\"num_hidden_layers\":0"), "config.json: num_hidden_layers: 0 is out of range [1, 65536]"},
+        {CFG("\"num_hidden_layers\":-3"), "config.json: num_hidden_layers: -3 is out of range [1, 65536]"},
+        {CFG("\"num_hidden_layers\":2.5"), "config.json: num_hidden_layers: 2.5 must be an integer"},
+        {CFG("\"num_hidden_layers\":\"2\""), "config.json: num_hidden_layers must be an integer, not a string"},
+        {CFG("\"num_hidden_layers\":[2]"), "config.json: num_hidden_layers must be an integer, not an array"},
+        {CFG("\"num_hidden_layers\":true"), "config.json: num_hidden_layers must be an integer, not a boolean"},
+        {CFG("\"num_hidden_layers\":2,\"num_key_value_heads\":1e5"),
+         "config.json: num_key_value_heads: 100000 is out of range [1, 65536]"},
+        {CFG("\"num_hidden_layers\":2,\"bos_token_id\":3e9"),
+         "config.json: bos_token_id: 3000000000 is out of range [-2147483648, 2147483647]"},
+    };
+#undef CFG
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        td_status s = parse(&c, ints[i].js, &err);
+        CHECK(s == TD_ERR_FORMAT && !strcmp(err.msg, ints[i].msg), "int case %zu: %s: '%s', expected '%s'", i,
+              td_status_name(s), err.msg, ints[i].msg);
+    }
+
     // Validation.
     const char *ok = "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
                      "\"intermediate_size\":8,\"vocab_size\":10,\"bos_token_id\":1,\"eos_token_id\":2}";
@@ -160,7 +185,8 @@ static void test_errors(void) {
     b = c, b.head_dim = 15;
     CHECK(td_config_validate(&b, "m", &err) == TD_ERR_INVALID && strstr(err.msg, "even"), "%s", err.msg);
     b = c, b.n_layers = 0;
-    CHECK(td_config_validate(&b, "m", &err) == TD_ERR_INVALID && strstr(err.msg, "num_hidden_layers"), "%s", err.msg);
+    CHECK(td_config_validate(&b, "m", &err) == TD_ERR_INVALID && !strcmp(err.msg, "m: num_hidden_layers: 0 is out of range [1, 65536]"),
+          "%s", err.msg);
     b = c, b.dim = -5;
     CHECK(td_config_validate(&b, "m", &err) == TD_ERR_INVALID && strstr(err.msg, "hidden_size"), "%s", err.msg);
     b = c, b.norm_eps = 0;

@@ -308,6 +308,23 @@ static void test_mutations(void) {
         off = 4;
         memcpy(b + nd + 24, &off, 8);
         CHECK(open_buf(b, n, &err) == TD_ERR_FORMAT && strstr(err.msg, "aligned"), "%s", err.msg);
+        // A tensor's type changed to a larger one: w.f16 (2 x 32 F16, 128 bytes at 64) as F32
+        // grows to 256 bytes, into w.bf16 (next, at 192): both are named.
+        uint8_t *k3 = memmem(orig, n, "w.f16", 5);
+        if (k3) {
+            size_t nd3 = (size_t)(k3 - orig) + 5;  // n_dims, ne[2], type, offset
+            uint32_t f32 = 0;
+            memcpy(b, orig, n);
+            memcpy(b + nd3 + 20, &f32, 4);
+            CHECK(open_buf(b, n, &err) == TD_ERR_FORMAT && strstr(err.msg, "tensor w.f16 data [64, 320) overlaps") &&
+                      strstr(err.msg, "tensor w.bf16"),
+                  "%s", err.msg);
+            // Two tensors at the same offset: w.f32 moved onto w.f16.
+            uint64_t at = 64;
+            memcpy(b, orig, n);
+            memcpy(b + nd + 24, &at, 8);
+            CHECK(open_buf(b, n, &err) == TD_ERR_FORMAT && strstr(err.msg, "overlaps"), "%s", err.msg);
+        }
         // Duplicate tensor name: rename "w.f16" to "w.f32".
         uint8_t *k2 = memmem(orig, n, "w.f16", 5);
         if (k2) {

@@ -8,6 +8,7 @@
 #include "base/file.h"
 #include "test_util.h"
 #include "model/gguf.h"
+#include "tokenizer/tok_impl.h"  // tok_set_match_limit
 #include "tokenizer/tokenizer.h"
 
 #include "../../src/cli/cmd_tokenize.c"  // the CLI functions are not in tandemlib
@@ -191,6 +192,29 @@ static void expect_bad_json(const char *json, td_status want, const char *needle
 
 #define BPE_HEAD "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},"
 
+// A regex match error other than "no match" (here PCRE2's match limit, lowered to 1) fails the
+// encode with PCRE2's message instead of leaving the text unsplit (wrong ids); with a generous
+// limit the same tokenizer encodes as before.
+static void test_match_error(const char *name) {
+    td_tokenizer *t = load_model(name);
+    if (!t) return;
+    const char *text = "Hello world, it's 2024!  The   regex splits this.";
+    td_tokens ref = {0}, got = {0};
+    td_err err = {0};
+    CHECK(td_tokenizer_encode(t, text, strlen(text), false, &ref, &err) == TD_OK, "%s: %s", name, err.msg);
+    CHECK(tok_set_match_limit(t, 1, &err) == TD_OK, "%s", err.msg);
+    err.msg[0] = 0;
+    td_status st = td_tokenizer_encode(t, text, strlen(text), false, &got, &err);
+    CHECK(st == TD_ERR_LIMIT && strstr(err.msg, "pre-tokenizer regex") && strstr(err.msg, "match limit"),
+          "%s: match limit 1: status %d, '%s'", name, st, err.msg);
+    CHECK(tok_set_match_limit(t, 10000000, &err) == TD_OK, "%s", err.msg);
+    CHECK(td_tokenizer_encode(t, text, strlen(text), false, &got, &err) == TD_OK && got.n == ref.n &&
+              !memcmp(got.ids, ref.ids, ref.n * sizeof *ref.ids),
+          "%s: ids differ once the limit is generous", name);
+    td_tokens_free(&ref), td_tokens_free(&got);
+    td_tokenizer_free(t);
+}
+
 static void test_malformed(void) {
     expect_bad_json("", TD_ERR_FORMAT, "JSON");
     expect_bad_json("{", TD_ERR_FORMAT, "JSON");
@@ -345,6 +369,7 @@ int main(void) {
         }
         td_tokenizer_free(t);
     }
+    for (int m = 1; m < 3; m++) test_match_error(MODELS[m]);  // llama2 has no split regex
     test_malformed();
     test_gguf_errors();
     test_cli();

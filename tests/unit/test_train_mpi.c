@@ -332,7 +332,8 @@ int main(void) {
     {
         const char *e1[] = {"--batch", "4", "--zero", "1", "--steps", "3", "--out", out, "--metrics", m, NULL};
         CHECK(run(2, "resume_a", e1) == 0, "2 ranks to step 3");
-        const char *e2[] = {"--batch", "2", "--accum", "2", "--steps", steps, "--out", out, "--resume", "--metrics", m, NULL};
+        const char *e2[] = {"--batch", "2", "--accum", "2", "--steps", steps, "--out", out, "--resume",
+                            "--allow-changed-config", "--metrics", m, NULL};  // to 6 steps: total_steps 3 -> 6
         CHECK(run(0, "resume_b", e2) == 0, "resumed alone");
         path(m_ref, sizeof m_ref, "ref2.jsonl");
         CHECK(same(m, m_ref, STEPS, 0), "2 ranks (ZeRO-1) to step 3, resumed on 1 process: the uninterrupted losses");
