@@ -494,7 +494,6 @@ typedef struct tool_emit {
     int ci;
     cJSON *lp;          // the token's logprobs, attached to its first chunk
     const ev_hdr *tok;  // the token, for its first chunk
-    bool any;
 } tool_emit;
 
 static void tool_seg(void *ctx, const td_tool_seg *g) {
@@ -508,7 +507,6 @@ static void tool_seg(void *ctx, const td_tool_seg *g) {
         t->lp = NULL;
         t->tok = NULL;
     }
-    t->any = true;
 }
 
 // Streaming with a tool parser: the token's text joins the choice's output and whatever the scanner
@@ -518,7 +516,7 @@ static void stream_tool_text(srv_req *r, int ci, const char *text, size_t len, c
     td_srv_buf_append(&c->text, text, len);
     tool_emit t = {.r = r, .ci = ci, .lp = lp, .tok = tok};
     td_tool_scan_feed(&c->scan, c->text.p ? c->text.p : "", c->text.len, final, tool_seg, &t);
-    if (t.lp || (tok && !t.any && r->api.return_token_ids))
+    if (t.lp || (t.tok && r->api.return_token_ids))
         emit_choice_chunk(r, ci, "", 0, t.lp, TD_FINISH_NONE, false, t.tok);
 }
 

@@ -120,6 +120,16 @@ async function mockHermes(port) {
     check(s[i].pieces.every((p) => !p.includes('<tool')), `hermes stream ${i}: no call text leaks into content`, s[i].pieces);
   }
 
+  // Held-back text never loses a token's logprobs: one entry per generated token.
+  let nlp = 0, usage = null;
+  const sl = await c.chat.completions.create({ model: 'mock-model', messages: msg, tools: TOOLS, stream: true, logprobs: true,
+                                               stream_options: { include_usage: true } });
+  for await (const ch of sl) {
+    if (ch.usage) usage = ch.usage;
+    for (const x of ch.choices) nlp += ((x.logprobs && x.logprobs.content) || []).length;
+  }
+  check(usage && nlp === usage.completion_tokens && nlp > 50, 'hermes stream: one logprobs entry per token', { nlp, usage });
+
   // The openai client's own stream accumulator agrees.
   const runner = c.chat.completions.stream({ model: 'mock-model', messages: msg, tools: TOOLS });
   const fin = await runner.finalChatCompletion();
