@@ -947,8 +947,9 @@ td_gvocab *td_gvocab_from_bytes(const char *const *tokens, const size_t *lens, i
     return v;
 }
 
-td_gvocab *td_gvocab_from_tokenizer(const td_tokenizer *t, const int32_t *end_ids, int n_end, td_err *err) {
+td_gvocab *td_gvocab_from_tokenizer(const td_tokenizer *t, int n_ids, const int32_t *end_ids, int n_end, td_err *err) {
     int n = td_tokenizer_vocab_size(t);
+    if (n_ids > n) n = n_ids;
     td_gvocab *v = calloc(1, sizeof *v);
     bool *never = calloc((size_t)(n ? n : 1), 1);
     size_t cap = 1 << 20, o = 0;

@@ -75,8 +75,10 @@ td_grammar *td_grammar_cache_get(td_grammar_cache *c, const char *text, td_err *
 // td_gmatch_mask and td_gmatch_accept use: matchers over one vocabulary run on one thread at a time.
 
 typedef struct td_gvocab td_gvocab;
-// From a tokenizer. end_ids [n_end]: the EOS ids (may be 0 of them).
-td_gvocab *td_gvocab_from_tokenizer(const td_tokenizer *t, const int32_t *end_ids, int n_end, td_err *err);
+// From a tokenizer. end_ids [n_end]: the EOS ids (may be 0 of them). The mask covers
+// max(n_ids, the tokenizer's vocabulary size) ids (a model's vocabulary may be padded past the
+// tokenizer's); ids without bytes are never allowed.
+td_gvocab *td_gvocab_from_tokenizer(const td_tokenizer *t, int n_ids, const int32_t *end_ids, int n_end, td_err *err);
 // From explicit byte strings (tests): tokens[i] (lens[i] bytes) is id i; an id with lens[i] == 0 is
 // never allowed unless it is an end id.
 td_gvocab *td_gvocab_from_bytes(const char *const *tokens, const size_t *lens, int n, const int32_t *end_ids,

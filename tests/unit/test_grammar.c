@@ -362,7 +362,7 @@ int main(void) {
     if (td_tokenizer_load(path, &tok, NULL) == TD_OK) {
         int32_t eos = td_tokenizer_eos_id(tok);
         td_err err = {0};
-        td_gvocab *v = td_gvocab_from_tokenizer(tok, &eos, 1, &err);
+        td_gvocab *v = td_gvocab_from_tokenizer(tok, 0, &eos, 1, &err);
         CHECK(v != NULL, "%s", err.msg);
         int V = td_gvocab_size(v);
         char **tb = calloc((size_t)V, sizeof *tb);
