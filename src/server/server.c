@@ -1246,6 +1246,19 @@ static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
                                     "tool_choice needs a tool-call format, and none was found in the chat template's "
                                     "prompt: start the server with --tool-call-parser hermes or llama3_json");
                 for (int ci = 0; ci < r->n_choices; ci++) r->choices[ci].scan.parser = r->tool_parser;
+                e.http_status = 0;
+                char *g = td_tools_grammar(&r->tools, r->tool_parser, &e);
+                if (!g && e.http_status) return send_error(r, c, &e);
+                if (g && a->gen.grammar) {
+                    free(g);
+                    return send_err(r, c, 400, "tool_choice",
+                                    "a required or named tool_choice cannot be combined with a constrained response_format");
+                }
+                if (g) {
+                    a->gen.grammar = td_srv_arena_strndup(r->arena, g, strlen(g));
+                    free(g);
+                    if (!a->gen.grammar) return send_err(r, c, 500, NULL, "out of memory");
+                }
             }
         } else if (a->prompts[i].ids) {
             ids = (int32_t *)a->prompts[i].ids;

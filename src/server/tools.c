@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "grammar/grammar.h"
+#include "server/srv_mem.h"
 
 static const cJSON *field(const cJSON *o, const char *k) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
@@ -424,4 +426,88 @@ cJSON *td_tools_extract(td_tool_parser p, const char *text, size_t len, char **c
     }
     *content = x.content;
     return x.calls;
+}
+
+// ---- constrained calls ----------------------------------------------------------------------------
+
+// The JSON schema of one call object: {"name": const, key: the function's parameters}.
+static cJSON *call_schema(const cJSON *fn, const char *key) {
+    cJSON *s = cJSON_CreateObject();
+    cJSON_AddStringToObject(s, "type", "object");
+    cJSON *props = cJSON_AddObjectToObject(s, "properties");
+    cJSON *name = cJSON_AddObjectToObject(props, "name");
+    cJSON_AddStringToObject(name, "const", field(fn, "name")->valuestring);
+    const cJSON *params = field(fn, "parameters");
+    if (params) {
+        cJSON_AddItemToObject(props, key, cJSON_Duplicate(params, 1));
+    } else {  // no parameters: an empty object, as OpenAI treats an omitted schema
+        cJSON *p = cJSON_AddObjectToObject(props, key);
+        cJSON_AddStringToObject(p, "type", "object");
+        cJSON_AddObjectToObject(p, "properties");
+    }
+    cJSON *req = cJSON_AddArrayToObject(s, "required");
+    cJSON_AddItemToArray(req, cJSON_CreateString("name"));
+    cJSON_AddItemToArray(req, cJSON_CreateString(key));
+    return s;
+}
+
+char *td_tools_grammar(const td_tools_request *t, td_tool_parser p, td_api_error *e) {
+    if (t->choice != TD_TOOL_CHOICE_REQUIRED && t->choice != TD_TOOL_CHOICE_NAMED) return NULL;
+    if (p != TD_TOOL_PARSER_HERMES && p != TD_TOOL_PARSER_LLAMA3_JSON) {
+        td_api_fail(e, 400, "tool_choice", "tool_choice needs a tool-call parser (hermes or llama3_json)");
+        return NULL;
+    }
+    const bool hermes = p == TD_TOOL_PARSER_HERMES;
+    td_srv_buf g;
+    td_srv_buf_init(&g, 0);
+    bool ok = td_srv_buf_printf(&g, "root ::= tc-call%s\n", t->parallel ? " (tc-sep tc-call)*" : "");
+    if (hermes)
+        ok = ok && td_srv_buf_printf(&g, "tc-call ::= \"<tool_call>\\n\" tc-fn \"\\n</tool_call>\"\ntc-sep ::= \"\\n\"\n");
+    else
+        ok = ok && td_srv_buf_printf(&g, "tc-call ::= tc-fn\ntc-sep ::= \"; \"\n");
+    ok = ok && td_srv_buf_printf(&g, "tc-fn ::=");
+    int i = 0;
+    for (const cJSON *u = t->tools->child; ok && u; u = u->next, i++) {
+        const cJSON *fn = field(u, "function");
+        if (t->choice == TD_TOOL_CHOICE_NAMED && strcmp(field(fn, "name")->valuestring, t->named) != 0) continue;
+        ok = td_srv_buf_printf(&g, "%s f%d-root", g.p[g.len - 1] == '=' ? "" : " |", i);
+    }
+    ok = ok && td_srv_buf_printf(&g, "\n");
+    i = 0;
+    for (const cJSON *u = t->tools->child; ok && u; u = u->next, i++) {
+        const cJSON *fn = field(u, "function");
+        if (t->choice == TD_TOOL_CHOICE_NAMED && strcmp(field(fn, "name")->valuestring, t->named) != 0) continue;
+        cJSON *schema = call_schema(fn, hermes ? "arguments" : "parameters");
+        char prefix[24];
+        snprintf(prefix, sizeof prefix, "f%d-", i);
+        td_err err = {0};
+        char *text = schema ? td_gbnf_from_json_schema(schema, prefix, &err) : NULL;
+        cJSON_Delete(schema);
+        if (!text) {
+            td_api_fail(e, 400, "tools", "tools[%d].function.parameters: %s", i, err.msg[0] ? err.msg : "out of memory");
+            td_srv_buf_free(&g);
+            return NULL;
+        }
+        // Compact JSON: the converter's whitespace rule (`<prefix>ws`, up to a newline and 20 blanks at
+        // every token boundary) is replaced by none, so a call costs few tokens and cannot wander.
+        char rule[32];
+        int rl = snprintf(rule, sizeof rule, "%sws ::=", prefix);
+        for (char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+            if (strncmp(line, rule, (size_t)rl) != 0) continue;
+            char *end = strchr(line, '\n');
+            size_t tail = end ? strlen(end) : 0;
+            memmove(line + rl, " \"\"", 4);
+            if (end) memmove(line + rl + 3, end, tail + 1);
+            else line[rl + 3] = 0;
+            break;
+        }
+        ok = td_srv_buf_append(&g, text, strlen(text)) && td_srv_buf_printf(&g, "\n");
+        free(text);
+    }
+    if (!ok || !td_srv_buf_append(&g, "", 1)) {
+        td_api_fail(e, 500, NULL, "out of memory");
+        td_srv_buf_free(&g);
+        return NULL;
+    }
+    return g.p;  // NUL-terminated
 }

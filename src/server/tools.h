@@ -55,6 +55,15 @@ bool td_tool_parser_name_ok(const char *flag);
 // the original). Caller frees with cJSON_Delete.
 cJSON *td_tools_render_messages(const cJSON *messages);
 
+// "required" and named choices: GBNF (rule root) that admits only well-formed calls in the parser's
+// format, each call's JSON (from td_gbnf_from_json_schema on {"name": const, "arguments" (hermes) /
+// "parameters" (llama3_json): the function's parameters}, compact) for any of the tools ("required") or
+// the named one; one call, or with parallel_tool_calls one or more (hermes: "<tool_call>\n" JSON
+// "\n</tool_call>" blocks separated by "\n"; llama3_json: objects separated by "; "). NULL for the
+// other choices (*e untouched), or NULL with *e set: 400 naming the tool whose parameters schema the
+// converter refuses, or no usable parser. Caller frees.
+char *td_tools_grammar(const td_tools_request *t, td_tool_parser p, td_api_error *e);
+
 // ---- output scanning --------------------------------------------------------------------------------
 
 typedef enum td_tool_seg_kind { TD_TOOL_SEG_CONTENT = 1, TD_TOOL_SEG_CALL } td_tool_seg_kind;

@@ -269,10 +269,59 @@ async function real(ports, dir) {
   check(ran > 0, 'a real model generated with tools');
 }
 
+// "required" and named choices are grammar-constrained: even random weights give valid calls whose
+// arguments validate (ajv, an independent validator) against the function's schema.
+// Short names and schemas: the reference models have 512 positions and Qwen3's tool preamble is long
+// (there, one tool without parameters: schemas and the alternation over several tools are covered
+// by test_tools and the Llama 3 run).
+const SMALL_TOOLS = [
+  { type: 'function', function: { name: 'w', parameters: { type: 'object',
+    properties: { c: { enum: ['P', 'O'] }, m: { type: 'boolean' } }, required: ['c'] } } },
+  { type: 'function', function: { name: 't', parameters: { type: 'object', properties: {} } } },
+];
+async function constrained(port, model, what, tools) {
+  const Ajv2020 = require(path.join(nm, 'ajv/dist/2020')).default;
+  const validators = Object.fromEntries(tools.map((t) => [t.function.name, new Ajv2020({ strict: false }).compile(t.function.parameters)]));
+  const valid = (calls, names, where) => {
+    check(Array.isArray(calls) && calls.length >= 1, `${where}: at least one call`, calls);
+    for (const c of calls || []) {
+      check(names.includes(c.function.name), `${where}: a function of the request`, c.function);
+      let a = null; try { a = JSON.parse(c.function.arguments); } catch (e) {}
+      const v = validators[c.function.name];
+      check(a !== null && v && v(a), `${where}: arguments validate against the schema (ajv)`, { args: c.function.arguments, errs: v && v.errors });
+    }
+  };
+  const c = client(port);
+  const messages = [{ role: 'user', content: 'W?' }];
+  const t = await tokenize(port, { model, messages, tools });
+  const max_tokens = Math.min(96, t.json.max_model_len - t.json.count);
+  check(max_tokens >= 40, `${what}: room for a call (prompt ${t.json.count} of ${t.json.max_model_len})`);
+  if (max_tokens < 40) return;
+  const names = tools.map((x) => x.function.name);
+  for (const seed of [1, 2, 3]) {
+    const r = await c.chat.completions.create({ model, messages, tools, tool_choice: 'required', parallel_tool_calls: false, max_tokens, seed, temperature: 1 });
+    check(r.choices[0].finish_reason === 'tool_calls' && r.choices[0].message.tool_calls && r.choices[0].message.tool_calls.length === 1,
+      `${what} required seed ${seed}: exactly one call, finish tool_calls`, r.choices[0]);
+    valid(r.choices[0].message.tool_calls, names, `${what} required seed ${seed}`);
+  }
+  const named = await c.chat.completions.create({ model, messages, tools, max_tokens,
+    tool_choice: { type: 'function', function: { name: tools[0].function.name } }, parallel_tool_calls: false });
+  check(named.choices[0].finish_reason === 'tool_calls', `${what} named: finish tool_calls`, named.choices[0]);
+  valid(named.choices[0].message.tool_calls, [tools[0].function.name], `${what} named`);
+  // Parallel: one or more calls; the last may be cut by max_tokens (then it stays content).
+  const par = await c.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens, seed: 7, temperature: 1 });
+  valid(par.choices[0].message.tool_calls, names, `${what} required parallel`);
+  const st = await streamed(c, { model, messages, tools, tool_choice: 'required', parallel_tool_calls: false, max_tokens, seed: 5, temperature: 1 });
+  check(st[0].finish === 'tool_calls' && st[0].calls.length === 1, `${what} required streamed: one call`, st[0]);
+  valid(st[0].calls, names, `${what} required streamed`);
+}
+
 (async () => {
   await mockHermes(arg('--mock-hermes'));
   await mockLlama(arg('--mock-llama'));
   await real({ qwen3: arg('--qwen3'), llama31: arg('--llama31'), llama3: arg('--llama3') }, sarg('--templates'));
+  await constrained(arg('--qwen3'), 'qwen3', 'hermes (Qwen3 template)', SMALL_TOOLS.slice(1));
+  await constrained(arg('--llama3'), 'llama3', 'llama3_json (Llama 3 template, --tool-call-parser)', SMALL_TOOLS);
   console.log(`tools.test.js: ${passed} passed, ${failed} failed`);
   process.exit(failed ? 1 : 0);
 })().catch((e) => { console.error('FAIL (exception)', e); process.exit(1); });

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "grammar/grammar.h"
 #include "server/tools.h"
 #include "test_util.h"
 
@@ -267,12 +268,119 @@ static void test_llama3(void) {
     collected_free(&c);
 }
 
+// ---- grammars for "required" / named ------------------------------------------------------------------
+
+static td_gvocab *byte_vocab(void) {
+    static char bytes[256];
+    const char *toks[256];
+    size_t lens[256];
+    for (int i = 0; i < 256; i++) {
+        bytes[i] = (char)i;
+        toks[i] = &bytes[i];
+        lens[i] = i ? 1 : 0;
+    }
+    td_err err = {0};
+    return td_gvocab_from_bytes(toks, lens, 256, NULL, 0, &err);
+}
+
+// Whether the whole of s is a complete match of the grammar text g.
+static bool matches(const char *g, const char *s) {
+    td_err err = {0};
+    td_grammar *gr = td_grammar_compile(g, strlen(g), &err);
+    if (!gr) {
+        fprintf(stderr, "grammar does not compile: %s\n%s\n", err.msg, g);
+        return false;
+    }
+    td_gvocab *v = byte_vocab();
+    td_gmatch *m = v ? td_gmatch_create(gr, v, &err) : NULL;
+    bool ok = m && td_gmatch_accept_bytes(m, s, strlen(s)) && td_gmatch_complete(m);
+    td_gmatch_free(m);
+    td_gvocab_free(v);
+    td_grammar_unref(gr);
+    return ok;
+}
+
+#define WEATHER "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\"," \
+    "\"properties\":{\"city\":{\"enum\":[\"Paris\",\"Oslo\"]},\"metric\":{\"type\":\"boolean\"}},\"required\":[\"city\"]}}}"
+#define TIME "{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}"
+
+static void test_grammar(void) {
+    td_tools_request t;
+    td_api_error e;
+    const char *W1 = "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"metric\":true}}";
+    const char *W2 = "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}";
+    const char *T1 = "{\"name\":\"get_time\",\"arguments\":{}}";
+    char buf[1024];
+    // required, parallel, hermes
+    CHECK(parse_req("{\"tools\":[" WEATHER "," TIME "],\"tool_choice\":\"required\"}", &t, &e), "required");
+    char *g = td_tools_grammar(&t, TD_TOOL_PARSER_HERMES, &e);
+    CHECK(g != NULL, "required grammar: %s", e.message);
+    if (g) {
+        snprintf(buf, sizeof buf, "<tool_call>\n%s\n</tool_call>", W1);
+        CHECK(matches(g, buf), "one weather call");
+        snprintf(buf, sizeof buf, "<tool_call>\n%s\n</tool_call>\n<tool_call>\n%s\n</tool_call>\n<tool_call>\n%s\n</tool_call>", W2, T1, W1);
+        CHECK(matches(g, buf), "three calls");
+        CHECK(!matches(g, ""), "no call");
+        CHECK(!matches(g, "hello"), "text");
+        snprintf(buf, sizeof buf, "<tool_call>\n%s\n</tool_call>", "{\"name\": \"get_time\", \"arguments\": {}}");
+        CHECK(!matches(g, buf), "compact JSON only (the converter's whitespace rule is replaced)");
+        snprintf(buf, sizeof buf, "<tool_call>\n%s\n</tool_call>", "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Rome\"}}");
+        CHECK(!matches(g, buf), "enum violated");
+        snprintf(buf, sizeof buf, "<tool_call>\n%s\n</tool_call>", "{\"name\":\"get_weather\",\"arguments\":{\"metric\":true}}");
+        CHECK(!matches(g, buf), "required property missing");
+        snprintf(buf, sizeof buf, "<tool_call>\n%s\n</tool_call>", "{\"name\":\"get_date\",\"arguments\":{}}");
+        CHECK(!matches(g, buf), "unknown function");
+        snprintf(buf, sizeof buf, "<tool_call>\n%s\n</tool_call>", "{\"name\":\"get_time\",\"arguments\":{\"x\":1}}");
+        CHECK(!matches(g, buf), "extra property");
+        snprintf(buf, sizeof buf, "<tool_call>\n%s\n", W1);
+        CHECK(!matches(g, buf), "unclosed");
+        // What the grammar admits, the hermes parser reads back as the same calls.
+        snprintf(buf, sizeof buf, "<tool_call>\n%s\n</tool_call>\n<tool_call>\n%s\n</tool_call>", W2, T1);
+        char *content = NULL;
+        cJSON *calls = td_tools_extract(TD_TOOL_PARSER_HERMES, buf, strlen(buf), &content);
+        CHECK(cJSON_GetArraySize(calls) == 2 && !content, "grammar output parses as 2 calls");
+        cJSON_Delete(calls);
+        free(content);
+    }
+    free(g);
+    // not parallel: exactly one call
+    CHECK(parse_req("{\"tools\":[" WEATHER "," TIME "],\"tool_choice\":\"required\",\"parallel_tool_calls\":false}", &t, &e), "parse");
+    g = td_tools_grammar(&t, TD_TOOL_PARSER_HERMES, &e);
+    snprintf(buf, sizeof buf, "<tool_call>\n%s\n</tool_call>", T1);
+    CHECK(g && matches(g, buf), "single call");
+    snprintf(buf, sizeof buf, "<tool_call>\n%s\n</tool_call>\n<tool_call>\n%s\n</tool_call>", T1, T1);
+    CHECK(g && !matches(g, buf), "second call refused without parallel_tool_calls");
+    free(g);
+    // named, llama3_json ("parameters" key, "; " between calls)
+    CHECK(parse_req("{\"tools\":[" WEATHER "," TIME "],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}", &t, &e), "parse");
+    g = td_tools_grammar(&t, TD_TOOL_PARSER_LLAMA3_JSON, &e);
+    CHECK(g && matches(g, "{\"name\":\"get_weather\",\"parameters\":{\"city\":\"Oslo\"}}"), "named llama3");
+    CHECK(g && matches(g, "{\"name\":\"get_weather\",\"parameters\":{\"city\":\"Oslo\"}}; {\"name\":\"get_weather\",\"parameters\":{\"city\":\"Paris\",\"metric\":false}}"),
+          "named llama3, two calls");
+    CHECK(g && !matches(g, "{\"name\":\"get_time\",\"parameters\":{}}"), "named: other function refused");
+    CHECK(g && !matches(g, "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}"), "llama3: parameters key");
+    free(g);
+    // auto / none: no grammar; an unusable parser or schema: 400 naming it
+    CHECK(parse_req("{\"tools\":[" WEATHER "]}", &t, &e), "parse");
+    e.http_status = 0;
+    CHECK(!td_tools_grammar(&t, TD_TOOL_PARSER_HERMES, &e) && e.http_status == 0, "auto: no grammar");
+    CHECK(parse_req("{\"tools\":[" TIME ",{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                    "\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"email\"}}}}}],\"tool_choice\":\"required\"}", &t, &e), "parse");
+    g = td_tools_grammar(&t, TD_TOOL_PARSER_HERMES, &e);
+    CHECK(!g && e.http_status == 400 && !strcmp(e.param, "tools") && strstr(e.message, "tools[1]") && strstr(e.message, "format"),
+          "unsupported schema keyword: %d %s", e.http_status, e.message);
+    free(g);
+    g = td_tools_grammar(&t, TD_TOOL_PARSER_NONE, &e);
+    CHECK(!g && e.http_status == 400 && !strcmp(e.param, "tool_choice"), "no parser");
+}
+
 int main(void) {
     test_validation();
     test_choose();
     test_render_messages();
     test_hermes();
     test_llama3();
+    test_grammar();
     cJSON_Delete(g_body);
     TEST_DONE();
 }

