@@ -3,8 +3,10 @@
 // scripts the "model" output) with --tool-call-parser hermes / llama3_json, for parsing, streaming
 // deltas, malformed calls and request errors; and real `tandem serve` processes on the reference
 // Qwen3 and Llama 3 models with the real Qwen3 and Llama 3 chat templates and a Llama 3.1 tools
-// template (--chat-template; the parser chosen automatically), whose tool conversations must render
-// exactly as @huggingface/jinja renders them. Skips (77) without node or the npm packages.
+// template (--chat-template; the parser chosen automatically, or forced for Llama 3's), whose tool
+// conversations must render exactly as @huggingface/jinja renders them, and whose grammar-constrained
+// "required" / named calls must validate (ajv) against the functions' schemas even with random
+// weights. Skips (77) without node or the npm packages (ajv comes with tests/oracle/package.json).
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
