@@ -19,6 +19,7 @@
 #include "engine/sampler.h"
 #include "engine/sched.h"
 #include "engine/stop.h"
+#include "grammar/grammar.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
 #include "tokenizer/chat_template.h"
@@ -34,6 +35,7 @@ typedef struct echoice {
     td_rng rng;
     td_stop *stop;
     td_detok *detok;
+    td_gmatch *gm;  // NULL: unconstrained; else the choice's grammar state (allocated at submit)
     int generated;  // tokens sampled
     bool in_sched;  // a live scheduler sequence
     bool finished;
@@ -47,6 +49,7 @@ typedef struct ereq {
     td_gen_sink sink;
     td_sampling_params sp;
     td_logit_bias *bias;  // [g.n_logit_bias]
+    td_grammar *grammar;  // g.grammar compiled (one reference), or NULL
     int slot;             // request slot (seq ids), -1 until added to the scheduler
     int n_open;           // choices not finished
     bool cancelled;       // set under mu by cancel
@@ -113,6 +116,8 @@ struct td_eng {
     td_kv_pool *pool;
     td_sched *sched;
     td_sampler *smp;
+    td_grammar_cache *gcache;  // compiled grammars by text (thread-safe)
+    td_gvocab *gvocab;         // the vocabulary as grammar matchers see it (engine thread only)
 
     // step scratch, sized at create
     int32_t *b_tok, *b_pos, *b_seq;  // [max_batched_tokens]
@@ -216,7 +221,9 @@ static void req_free(ereq *r) {
     for (int j = 0; j < r->g.n; j++) {
         td_stop_free(r->ch[j].stop);
         td_detok_free(r->ch[j].detok);
+        td_gmatch_free(r->ch[j].gm);
     }
+    td_grammar_unref(r->grammar);
     free(r->bias);
     free(r);
 }
@@ -278,6 +285,17 @@ td_status td_eng_submit(td_eng *e, const td_gen_request *g, const td_gen_sink *s
         req_free(r);
         return st;
     }
+    if (g->grammar) {
+        if (!e->gcache || !e->gvocab) {
+            req_free(r);
+            return td_err_set(err, TD_ERR_NOMEM, "engine: structured output is unavailable (out of memory at start)");
+        }
+        r->grammar = td_grammar_cache_get(e->gcache, g->grammar, err);
+        if (!r->grammar) {
+            req_free(r);
+            return err ? err->status : TD_ERR_INVALID;
+        }
+    }
     uint64_t base_seed;
     pthread_mutex_lock(&e->mu);
     base_seed = g->has_seed ? g->seed : td_mix64(++e->seed_ctr ^ (uint64_t)time(NULL) << 20);
@@ -287,6 +305,13 @@ td_status td_eng_submit(td_eng *e, const td_gen_request *g, const td_gen_sink *s
         td_rng_seed(&r->ch[j].rng, j == 0 ? base_seed : td_mix64(base_seed ^ td_mix64((uint64_t)j)));
         r->ch[j].stop = td_stop_create(g->stop, NULL, g->n_stop, err);
         r->ch[j].detok = td_detok_new(e->tok, true);
+        if (r->grammar && r->ch[j].stop && r->ch[j].detok) {
+            r->ch[j].gm = td_gmatch_create(r->grammar, e->gvocab, err);
+            if (!r->ch[j].gm) {
+                req_free(r);
+                return err ? err->status : TD_ERR_NOMEM;
+            }
+        }
         if (!r->ch[j].stop || !r->ch[j].detok) {
             bool stop_err = !r->ch[j].stop;
             req_free(r);
@@ -513,19 +538,49 @@ static size_t final_tail(echoice *c, char *out, size_t cap, td_finish_reason *wh
     return o + td_stop_flush(c->stop, out + o, cap - o);
 }
 
+static bool mask_empty(const uint32_t *m, int vocab) {
+    for (int w = 0; w < (vocab + 31) / 32; w++)
+        if (m[w]) return false;
+    return true;
+}
+
 // Samples the next token of choice j from its logits row and handles it: event, finish or append.
-static void choice_sample(td_eng *e, ereq *r, int j, const float *row) {
+// Returns false when the whole request ended (r is freed).
+static bool choice_sample(td_eng *e, ereq *r, int j, const float *row) {
     echoice *c = &r->ch[j];
     const td_seq *q = td_sched_get(e->sched, seq_of(r, j));
     TD_ASSERT(q != NULL);
+    td_sampling_params sp = r->sp;
+    if (c->gm) {  // structured output: only tokens that keep the output matchable; EOS where complete
+        td_err gerr = {0};
+        sp.allow = td_gmatch_mask(c->gm, !r->g.ignore_eos, &gerr);
+        if (!sp.allow) {
+            req_abort(e, r, gerr.status, gerr.msg);
+            return false;
+        }
+        if (mask_empty(sp.allow, e->vocab)) {
+            if (!td_gmatch_complete(c->gm)) {
+                req_abort(e, r, TD_ERR_INVALID, "grammar: no token of the vocabulary can continue the output");
+                return false;
+            }
+            td_finish_reason why = TD_FINISH_STOP;  // complete, nothing may follow (ignore_eos)
+            size_t tl = final_tail(c, e->tail, TEXT_CAP + 2 * TD_STOP_MAX_LEN, &why);
+            choice_finish(e, r, j, TD_FINISH_STOP, e->tail, tl);
+            return true;
+        }
+    }
     memcpy(e->scratch, row, (size_t)e->vocab * sizeof(float));  // the sampler processes its copy in place
-    int32_t tok = td_sampler_sample(e->smp, &r->sp, e->scratch, q->tokens, q->n_prompt, q->tokens + q->n_prompt,
+    int32_t tok = td_sampler_sample(e->smp, &sp, e->scratch, q->tokens, q->n_prompt, q->tokens + q->n_prompt,
                                     q->n_tokens - q->n_prompt, &c->rng);
+    if (c->gm && !td_gmatch_accept(c->gm, tok)) {  // cannot happen: tok was allowed
+        req_abort(e, r, TD_ERR_LIMIT, "grammar: the matcher could not advance (too ambiguous)");
+        return false;
+    }
     // Processed mode: the same raw row and history (the token is not appended yet).
     double plp_v = 0;
     const double *plp = NULL;
     if (r->g.logprobs >= 0 && r->g.logprobs_processed) {
-        plp_v = td_sampler_logprob(e->smp, &r->sp, row, q->tokens, q->n_prompt, q->tokens + q->n_prompt,
+        plp_v = td_sampler_logprob(e->smp, &sp, row, q->tokens, q->n_prompt, q->tokens + q->n_prompt,
                                    q->n_tokens - q->n_prompt, tok, NULL);
         plp = &plp_v;
     }
@@ -539,7 +594,7 @@ static void choice_sample(td_eng *e, ereq *r, int j, const float *row) {
         td_finish_reason why = TD_FINISH_STOP;
         size_t tl = final_tail(c, e->tail, TEXT_CAP + 2 * TD_STOP_MAX_LEN, &why);
         choice_finish(e, r, j, TD_FINISH_STOP, e->tail, tl);
-        return;
+        return true;
     }
     size_t pl = 0;
     const char *piece = td_detok_push(c->detok, tok, &pl);
@@ -548,17 +603,24 @@ static void choice_sample(td_eng *e, ereq *r, int j, const float *row) {
     emit_token(e, r, j, false, tok, e->text, n, lp_row, r->g.logprobs, plp);
     if (stopped) {
         choice_finish(e, r, j, TD_FINISH_STOP, NULL, 0);
-        return;
+        return true;
+    }
+    if (c->gm && td_gmatch_done(c->gm)) {  // the grammar is complete and nothing can follow: stop now
+        td_finish_reason why = TD_FINISH_STOP;
+        size_t tl = final_tail(c, e->tail, TEXT_CAP + 2 * TD_STOP_MAX_LEN, &why);
+        choice_finish(e, r, j, TD_FINISH_STOP, e->tail, tl);
+        return true;
     }
     if (c->generated >= r->g.max_tokens || q->n_tokens + 1 >= q->capacity || q->n_tokens + 1 >= e->max_ctx) {
         td_finish_reason why = TD_FINISH_LENGTH;
         size_t tl = final_tail(c, e->tail, TEXT_CAP + 2 * TD_STOP_MAX_LEN, &why);
         choice_finish(e, r, j, why, e->tail, tl);
-        return;
+        return true;
     }
     td_err err = {0};
     td_status st = td_sched_append_token(e->sched, seq_of(r, j), tok, &err);
     TD_ASSERT(st == TD_OK);
+    return true;
 }
 
 // The first logits of a request: fork the other choices off choice 0, then sample each.
@@ -574,7 +636,8 @@ static void req_first_sample(td_eng *e, ereq *r, const float *row) {
         }
         r->ch[j].in_sched = true;
     }
-    for (int j = 0; j < r->g.n; j++) choice_sample(e, r, j, row);
+    for (int j = 0; j < r->g.n; j++)
+        if (!choice_sample(e, r, j, row)) return;
 }
 
 // ---- engine thread: the step
@@ -1605,6 +1668,8 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
     e->slots = calloc((size_t)e->n_req_slots, sizeof *e->slots);
     e->free_slots = malloc((size_t)e->n_req_slots * sizeof(int));
     e->smp = td_sampler_create(e->vocab);
+    e->gcache = td_grammar_cache_create(16);
+    e->gvocab = td_gvocab_from_tokenizer(e->tok, e->vocab, e->eos, e->n_eos, NULL);
     if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->tables || !e->kvl || !e->meta || !e->logits ||
         !e->scratch || !e->text || !e->tail || !e->top_ids || !e->top_lps || !e->slots || !e->free_slots || !e->smp) {
         st = td_err_set(err, TD_ERR_NOMEM, "engine: out of memory (logits %zu MiB)", T * V * 4 >> 20);
@@ -1657,6 +1722,8 @@ void td_eng_free(td_eng *e) {
     td_forward_free(e->fwd);
     td_backend_free(e->be);  // after everything that allocated from it
     td_sampler_free(e->smp);
+    td_grammar_cache_free(e->gcache);
+    td_gvocab_free(e->gvocab);
     td_chat_template_free(e->tmpl);
     free(e->b_tok), free(e->b_pos), free(e->b_seq), free(e->b_want), free(e->tables), free(e->kvl);
     free(e->meta), free(e->logits), free(e->scratch), free(e->text), free(e->tail), free(e->top_ids);

@@ -95,6 +95,16 @@ static inline int valid_tok(const td_sampler *s, int32_t t) { return t >= 0 && t
 static void process_logits(td_sampler *s, const td_sampling_params *p, float *logits,
                            const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
                            float *factor) {
+    if (p->allow) {
+        const int words = (s->vocab + 31) / 32;
+        for (int w = 0; w < words; w++) {
+            uint32_t m = p->allow[w];
+            if (m == 0xFFFFFFFFu) continue;
+            const int base = w * 32, lim = base + 32 < s->vocab ? 32 : s->vocab - base;
+            for (int b = 0; b < lim; b++)
+                if (!(m >> b & 1)) logits[base + b] = -INFINITY;
+        }
+    }
     for (int i = 0; i < p->n_logit_bias; i++)
         if (valid_tok(s, p->logit_bias[i].token)) logits[p->logit_bias[i].token] += p->logit_bias[i].bias;
 
@@ -209,6 +219,7 @@ static int filter(td_sampler *s, const td_sampling_params *p, const float *logit
     int n = V;
     if (p->top_k > 0 && p->top_k < V) n = p->top_k;
     sort_candidates(s, logits, s->idx, V, n);
+    while (n > 1 && logits[s->idx[n - 1]] == -INFINITY) n--;  // masked tokens never enter the kept set
     float maxl = logits[s->idx[0]];
     double sum = 0;
     for (int i = 0; i < n; i++) sum += (s->prob[i] = expf(logits[s->idx[i]] - maxl));

@@ -1,5 +1,5 @@
 // Token sampling: the OpenAI/vLLM sampling surface over one row of logits, plus log-probabilities.
-// Processing order (as vLLM): logit_bias, repetition/presence/frequency penalties, temperature,
+// Processing order (as vLLM): the allowed-token mask (structured output), logit_bias, repetition/presence/frequency penalties, temperature,
 // then top-k, top-p, min-p filters, then a draw from the request's own RNG. temperature == 0 is
 // greedy (argmax after bias and penalties). A td_sampler owns scratch for one vocabulary, sized at
 // creation, so sampling allocates nothing per token; one sampler per thread.
@@ -28,6 +28,10 @@ typedef struct td_sampling_params {
     float frequency_penalty;   // [-2, 2]; subtracted per occurrence in the output
     const td_logit_bias *logit_bias;  // not owned
     int n_logit_bias;
+    const uint32_t *allow;  // NULL: every token. Else [ceil(vocab / 32)] bits, bit (id & 31) of word
+                            //   id >> 5 set = allowed (a grammar's mask, grammar/grammar.h): the others
+                            //   get logit -inf first, so every mode (greedy, filters, draw, logprob)
+                            //   sees only allowed tokens. At least one must be allowed. Not owned.
 } td_sampling_params;
 
 td_sampling_params td_sampling_default_params(void);

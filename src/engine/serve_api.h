@@ -60,8 +60,12 @@ typedef struct td_gen_request {
     const char *grammar;       // NULL: unconstrained. Else a grammar in llama.cpp's GBNF (rule "root")
                                //   that each choice's output text must match: the engine allows only
                                //   tokens that keep it matchable and lets EOS through only where it is
-                               //   complete (src/grammar/grammar.h). Compiled by the engine at submit; a
-                               //   bad grammar fails submit with TD_ERR_INVALID and a message.
+                               //   complete (src/grammar/grammar.h), and finishes the choice (STOP)
+                               //   as soon as nothing but EOS can follow. max_tokens and stop strings
+                               //   still apply (a cut output is incomplete: finish LENGTH / STOP).
+                               //   Processed logprobs see the masked distribution; raw ones stay the
+                               //   model's. Compiled by the engine at submit (cached by text); a bad
+                               //   grammar fails submit with TD_ERR_INVALID and a message.
     bool echo;                 // informational: the server echoes the prompt itself
     bool stream;               // informational: the server frames events itself
 } td_gen_request;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include "base/log.h"
 #include "server/metrics.h"
+#include "server/tools.h"
 #include "server/wsync.h"
 
 td_server_params td_server_default_params(void) {
@@ -78,6 +79,8 @@ typedef struct choice {
     cJSON *token_ids, *versions;  // non-streaming: generated ids (return_token_ids), weights versions
     uint64_t last_version;        // of the last token (streamed finish chunks)
     bool sent_prompt_ids;         // streaming: prompt_token_ids went out with this choice's first chunk
+    td_tool_scan scan;            // streaming with a tool parser: the output so far is in text
+    int n_tool_calls;             // calls reported (finish_reason "tool_calls" when > 0 and stopped)
 } choice;
 
 struct td_server;
@@ -114,6 +117,8 @@ typedef struct srv_req {
 
     // Server-thread only.
     td_api_request api;
+    td_tools_request tools;        // chat: tools / tool_choice / parallel_tool_calls
+    td_tool_parser tool_parser;    // chat output parsing (NONE: plain content)
     sub *subs;
     int n_subs, n_done;
     choice *choices;
@@ -314,6 +319,7 @@ static void req_free(srv_req *r) {
         cJSON_Delete(c->lp_content);
         cJSON_Delete(c->token_ids);
         cJSON_Delete(c->versions);
+        td_tool_scan_free(&c->scan);
     }
     free(r->choices);
     for (int i = 0; i < r->n_subs; i++) {
@@ -481,12 +487,58 @@ static void emit_choice_chunk(srv_req *r, int ci, const char *text, size_t len, 
         cJSON_AddItemToObject(c, "logprobs", lp);
     else
         cJSON_AddNullToObject(c, "logprobs");
-    const char *fr = td_finish_reason_str(fin);
+    const char *fr = fin == TD_FINISH_STOP && ch->n_tool_calls ? "tool_calls" : td_finish_reason_str(fin);
     if (fr)
         cJSON_AddStringToObject(c, "finish_reason", fr);
     else
         cJSON_AddNullToObject(c, "finish_reason");
     emit_chunk(r, j);
+}
+
+// A streaming chunk for choice ci whose delta is one whole tool call (vLLM's shape, arguments in one
+// piece): {"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]}.
+static void emit_tool_chunk(srv_req *r, int ci, const char *name, const char *arguments) {
+    cJSON *j = chunk_base(r);
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "choices"), c);
+    cJSON_AddNumberToObject(c, "index", ci);
+    cJSON *d = cJSON_AddObjectToObject(c, "delta");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(d, "tool_calls"),
+                         td_tool_call_json(name, arguments, r->choices[ci].n_tool_calls));
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    emit_chunk(r, j);
+}
+
+typedef struct tool_emit {
+    srv_req *r;
+    int ci;
+    cJSON *lp;          // the token's logprobs, attached to its first chunk
+    const ev_hdr *tok;  // the token, for its first chunk
+} tool_emit;
+
+static void tool_seg(void *ctx, const td_tool_seg *g) {
+    tool_emit *t = ctx;
+    choice *c = &t->r->choices[t->ci];
+    if (g->kind == TD_TOOL_SEG_CALL) {
+        emit_tool_chunk(t->r, t->ci, g->name, g->arguments);
+        c->n_tool_calls++;
+    } else {
+        emit_choice_chunk(t->r, t->ci, c->text.p + g->start, g->end - g->start, t->lp, TD_FINISH_NONE, false, t->tok);
+        t->lp = NULL;
+        t->tok = NULL;
+    }
+}
+
+// Streaming with a tool parser: the token's text joins the choice's output and whatever the scanner
+// can decide goes out (content chunks, tool-call chunks); text that may begin a call waits.
+static void stream_tool_text(srv_req *r, int ci, const char *text, size_t len, cJSON *lp, const ev_hdr *tok, bool final) {
+    choice *c = &r->choices[ci];
+    td_srv_buf_append(&c->text, text, len);
+    tool_emit t = {.r = r, .ci = ci, .lp = lp, .tok = tok};
+    td_tool_scan_feed(&c->scan, c->text.p ? c->text.p : "", c->text.len, final, tool_seg, &t);
+    if (t.lp || (t.tok && r->api.return_token_ids))
+        emit_choice_chunk(r, ci, "", 0, t.lp, TD_FINISH_NONE, false, t.tok);
 }
 
 static void lp_arrays_add(cJSON *tokens, cJSON *values, cJSON *tops, cJSON *offsets, const char *tstr, bool has_lp,
@@ -635,7 +687,9 @@ static void on_token_event(srv_req *r, const ev_hdr *h, const td_top_logprob *to
     if (r->api.gen.stream) {
         // Held-back text (a possible stop string) makes no empty chunk, unless every token's id
         // must reach the client (return_token_ids).
-        if (h->text_len || lp || r->api.return_token_ids)
+        if (r->tool_parser != TD_TOOL_PARSER_NONE)
+            stream_tool_text(r, ci, text, h->text_len, lp, h, false);
+        else if (h->text_len || lp || r->api.return_token_ids)
             emit_choice_chunk(r, ci, text, h->text_len, lp, TD_FINISH_NONE, false, h);
     } else
         td_srv_buf_append(&c->text, text, h->text_len);
@@ -650,7 +704,10 @@ static void on_finish_event(srv_req *r, const ev_hdr *h, const char *text, bool 
     if (c->reason == TD_FINISH_NONE) c->reason = TD_FINISH_STOP;
     td_srv_metrics_finish(r->srv->metrics, c->reason);
     if (quiet) return;
-    if (r->api.gen.stream)
+    if (r->api.gen.stream && r->tool_parser != TD_TOOL_PARSER_NONE) {
+        stream_tool_text(r, ci, text, h->text_len, NULL, NULL, true);
+        emit_choice_chunk(r, ci, NULL, 0, NULL, c->reason, false, NULL);
+    } else if (r->api.gen.stream)
         emit_choice_chunk(r, ci, text, h->text_len, NULL, c->reason, false, NULL);
     else
         td_srv_buf_append(&c->text, text, h->text_len);
@@ -674,7 +731,20 @@ static cJSON *full_response(srv_req *r) {
         if (r->api.kind == TD_API_CHAT) {
             cJSON *m = cJSON_AddObjectToObject(o, "message");
             cJSON_AddStringToObject(m, "role", "assistant");
-            cJSON_AddStringToObject(m, "content", clean ? clean : "");
+            char *content = NULL;
+            cJSON *calls = r->tool_parser != TD_TOOL_PARSER_NONE && clean
+                               ? td_tools_extract(r->tool_parser, clean, strlen(clean), &content) : NULL;
+            if (calls) {  // content null when the output was only calls
+                c->n_tool_calls = cJSON_GetArraySize(calls);
+                if (content)
+                    cJSON_AddStringToObject(m, "content", content);
+                else
+                    cJSON_AddNullToObject(m, "content");
+                cJSON_AddItemToObject(m, "tool_calls", calls);
+            } else {
+                cJSON_AddStringToObject(m, "content", clean ? clean : "");
+            }
+            free(content);
             if (c->lp_content) {
                 cJSON *lp = cJSON_AddObjectToObject(o, "logprobs");
                 cJSON_AddItemToObject(lp, "content", c->lp_content);
@@ -703,7 +773,7 @@ static cJSON *full_response(srv_req *r) {
         }
         free(clean);
         td_srv_buf_free(&txt);
-        const char *fr = td_finish_reason_str(c->reason);
+        const char *fr = c->reason == TD_FINISH_STOP && c->n_tool_calls ? "tool_calls" : td_finish_reason_str(c->reason);
         cJSON_AddStringToObject(o, "finish_reason", fr ? fr : "stop");
         if (r->api.return_token_ids) {  // vLLM: completions per choice, chat at the top level
             cJSON_AddItemToObject(o, "token_ids", c->token_ids ? c->token_ids : cJSON_CreateArray());
@@ -872,8 +942,12 @@ static int render_chat(srv_req *r, const cJSON *messages, bool add_gen, bool add
     char *text = NULL;
     size_t len = 0;
     td_err err = {0};
-    if (s->eng.vt->apply_chat_template(s->eng.ctx, messages, r->api.body, add_gen, &text, &len, &err) != TD_OK)
-        return td_api_fail(e, 400, "messages", "chat template: %s", err.msg), -1;
+    // Assistant tool calls carry arguments as JSON strings; the templates iterate mappings (as vLLM).
+    cJSON *converted = td_tools_render_messages(messages);
+    td_status st = s->eng.vt->apply_chat_template(s->eng.ctx, converted ? converted : messages, r->api.body, add_gen,
+                                                  &text, &len, &err);
+    cJSON_Delete(converted);
+    if (st != TD_OK) return td_api_fail(e, 400, "messages", "chat template: %s", err.msg), -1;
     char *copy = td_srv_arena_strndup(r->arena, text, len);
     free(text);
     if (!copy) return td_api_fail(e, 500, NULL, "out of memory"), -1;
@@ -1254,8 +1328,30 @@ static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
         int n = 0;
         if (kind == TD_API_CHAT) {
             char *text = NULL;
+            if (!td_tools_parse(a->body, &r->tools, &e)) return send_error(r, c, &e);
             n = render_chat(r, a->messages, a->add_generation_prompt, a->add_special_tokens, &ids, &text, &e);
             if (text) r->log_text = text, r->log_text_len = strlen(text);
+            if (n >= 0 && r->tools.choice != TD_TOOL_CHOICE_NONE) {
+                r->tool_parser = td_tool_parser_choose(s->p.tool_call_parser, text, strlen(text));
+                if (r->tool_parser == TD_TOOL_PARSER_NONE && r->tools.choice != TD_TOOL_CHOICE_AUTO)
+                    return send_err(r, c, 400, "tool_choice",
+                                    "tool_choice needs a tool-call format, and none was found in the chat template's "
+                                    "prompt: start the server with --tool-call-parser hermes or llama3_json");
+                for (int ci = 0; ci < r->n_choices; ci++) r->choices[ci].scan.parser = r->tool_parser;
+                e.http_status = 0;
+                char *g = td_tools_grammar(&r->tools, r->tool_parser, &e);
+                if (!g && e.http_status) return send_error(r, c, &e);
+                if (g && a->gen.grammar) {
+                    free(g);
+                    return send_err(r, c, 400, "tool_choice",
+                                    "a required or named tool_choice cannot be combined with a constrained response_format");
+                }
+                if (g) {
+                    a->gen.grammar = td_srv_arena_strndup(r->arena, g, strlen(g));
+                    free(g);
+                    if (!a->gen.grammar) return send_err(r, c, 500, NULL, "out of memory");
+                }
+            }
         } else if (a->prompts[i].ids) {
             ids = (int32_t *)a->prompts[i].ids;
             n = a->prompts[i].n_ids;

@@ -1337,6 +1337,35 @@ const char *td_detok_flush(td_detok *d, size_t *len) {
     return d->out.p;
 }
 
+int td_tokenizer_token_bytes(const td_tokenizer *t, int32_t id, char *buf, size_t cap) {
+    if (id < 0 || id >= t->n_vocab || !(t->flags[id] & TOK_F_PRESENT)) return -1;
+    const char *s = t->blob + t->off[id];
+    size_t n = t->len[id];
+    uint8_t b;
+    if (t->dec == TOK_DEC_CHAIN && t->dec_byte_fallback && parse_byte_token(s, n, &b)) {
+        if (cap) buf[0] = (char)b;
+        return 1;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {  // CHAIN: the Replace steps, applied in order at each position
+        const char *rep = NULL;
+        size_t fl = 0;
+        for (int r = 0; t->dec == TOK_DEC_CHAIN && r < t->n_dec_replace && !rep; r++) {
+            fl = strlen(t->dec_from[r]);
+            if (fl && fl <= n - i && !memcmp(s + i, t->dec_from[r], fl)) rep = t->dec_to[r];
+        }
+        if (rep) {
+            for (size_t k = 0; rep[k]; k++, o++)
+                if (o < cap) buf[o] = rep[k];
+            i += fl;
+        } else {
+            if (o < cap) buf[o] = s[i];
+            o++, i++;
+        }
+    }
+    return (int)o;
+}
+
 td_status td_tokenizer_decode(const td_tokenizer *t, const int32_t *ids, size_t n, bool skip_special, char **out,
                               size_t *len, td_err *err) {
     *out = NULL;

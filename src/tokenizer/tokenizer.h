@@ -78,6 +78,12 @@ int32_t td_tokenizer_token_id(const td_tokenizer *t, const char *piece, size_t l
 // its full length in bytes, or -1 for an unknown id.
 int td_tokenizer_id_to_piece(const td_tokenizer *t, int32_t id, char *buf, size_t cap);
 
+// The bytes token `id` adds to decoded text (byte-level: its raw bytes; SentencePiece: the decoder's
+// Replace steps applied, "<0xXX>" as that byte; no Strip(start), which depends on the position).
+// Writes min(len, cap) bytes into buf and returns the full length, or -1 for an unknown id.
+// For grammar matching (src/grammar/).
+int td_tokenizer_token_bytes(const td_tokenizer *t, int32_t id, char *buf, size_t cap);
+
 // Encodes UTF-8 text like HF `tokenizer.encode(text, add_special_tokens=add_special).ids`:
 // added/special tokens are split out first, then normalizer, pre-tokenizer, BPE, and (with
 // add_special) the post-processor's BOS/EOS. Invalid UTF-8 in the input is replaced by U+FFFD per
