@@ -12,7 +12,8 @@ pkgs=(cmake make gcc pkg-config libcjson-dev libpcre2-dev libutf8proc-dev libmic
       ocl-icd-opencl-dev opencl-headers libopenmpi-dev openmpi-bin)
 if [ $want_test = 1 ]; then
   # pocl-opencl-icd: OpenCL on the CPU, so the opencl backend's tests run without a device.
-  pkgs+=(python3 python3-torch python3-numpy clang libclang-rt-14-dev pocl-opencl-icd)
+  # openssl: the CLI makes the https test's certificate.
+  pkgs+=(python3 python3-torch python3-numpy clang libclang-rt-14-dev pocl-opencl-icd openssl)
   # Node.js may come from elsewhere than Debian (with npm bundled): only install what is missing.
   command -v node >/dev/null || pkgs+=(nodejs)
   command -v npm >/dev/null || pkgs+=(npm)

@@ -15,6 +15,7 @@
 #include "model/export.h"
 #include "tokenizer/tokenizer.h"
 #include "train/ckpt.h"
+#include "train/tok_record.h"
 #include "train/train_run.h"
 
 static void export_usage(FILE *f) {
@@ -28,18 +29,32 @@ static void export_usage(FILE *f) {
             "  --type T              hf: f32 (default), f16, bf16; gguf: f32, f16 (default), bf16, q8_0,\n"
             "                        q4_0, q5_0, q4_k, q6_k, q4_k_m (matrices; norms stay f32)\n"
             "  --tokenizer PATH      tokenizer directory or tokenizer.json to copy / embed (default: the\n"
-            "                        \"tokenizer\" recorded in the checkpoint's metadata, if any)\n"
+            "                        one the checkpoint records; refused when none is known)\n"
             "  --name NAME           GGUF general.name (default: tandem)\n");
 }
 
-// The tokenizer path recorded in a checkpoint's metadata ({"tokenizer": "..."}), if any, into buf.
-static const char *meta_tokenizer(const td_ckpt *ck, char *buf, size_t cap) {
+// The tokenizer recorded in a checkpoint's metadata, into buf: {"tokenizer": {"file":
+// "tokenizer.json", "xxh3": HEX}} names the copy `tandem train` put beside the checkpoint (in
+// ckpt_dir; its hash is checked), a string a path as given. NULL when none is recorded, or with
+// *bad set (and the reason printed) when the recorded one cannot be used.
+static const char *meta_tokenizer(const td_ckpt *ck, const char *ckpt_dir, char *buf, size_t cap, int *bad) {
     cJSON *j = cJSON_Parse(td_ckpt_meta(ck));
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tokenizer");
+    const cJSON *h = cJSON_IsObject(t) ? cJSON_GetObjectItemCaseSensitive(t, "xxh3") : NULL;
     const char *r = NULL;
+    *bad = 0;
     if (cJSON_IsString(t) && t->valuestring[0] && strlen(t->valuestring) < cap) {
         snprintf(buf, cap, "%s", t->valuestring);
         r = buf;
+    } else if (cJSON_IsString(h)) {
+        td_err err = {0};
+        if (td_tok_record_check(ckpt_dir, h->valuestring, &err)) {
+            fprintf(stderr, "tandem export: %s (give --tokenizer DIR)\n", err.msg);
+            *bad = 1;
+        } else {
+            snprintf(buf, cap, "%s", ckpt_dir);
+            r = buf;
+        }
     }
     cJSON_Delete(j);
     return r;
@@ -139,14 +154,33 @@ int td_cmd_export(int argc, char **argv) {
     td_export_params p = td_export_default_params();
     p.type = (td_dtype)t;
     p.name = name ? name : "tandem";
-    char tbuf[4096];
-    p.tokenizer = tok ? tok : meta_tokenizer(ck, tbuf, sizeof tbuf);
+    char tbuf[4096], ckdir[4096];
+    // The directory `tandem train` wrote into: src itself, else the file's (or the sharded
+    // checkpoint directory's) parent.
+    size_t sn = strlen(src);
+    while (sn > 1 && src[sn - 1] == '/') sn--;
+    const char *sl = NULL;
+    for (size_t k = 0; k < sn; k++)
+        if (src[k] == '/') sl = src + k;
+    if (td_is_dir(src) && !td_file_exists(manifest)) snprintf(ckdir, sizeof ckdir, "%.*s", (int)sn, src);
+    else snprintf(ckdir, sizeof ckdir, "%.*s", sl ? (int)(sl - src) : 1, sl ? src : ".");
+    int bad_tok = 0;
+    p.tokenizer = tok ? tok : meta_tokenizer(ck, ckdir, tbuf, sizeof tbuf, &bad_tok);
+    if (!p.tokenizer) {  // a model without its tokenizer cannot be served or used: refuse
+        if (!bad_tok)
+            fprintf(stderr,
+                    "tandem export: no tokenizer known: %s records none (its shards had no tokenizer.json beside "
+                    "them); give --tokenizer DIR\n",
+                    src);
+        td_ckpt_close(ck);
+        return 1;
+    }
     if (p.tokenizer && !td_is_dir(p.tokenizer) && !td_file_exists(p.tokenizer)) {
         fprintf(stderr, "tandem export: tokenizer %s: no such file or directory\n", p.tokenizer);
         td_ckpt_close(ck);
         return tok ? 2 : 1;
     }
-    if (p.tokenizer) {
+    {
         // A model trained from scratch knows no special-token ids: take them from the tokenizer
         // (config.json / generation_config.json then carry bos_token_id and eos_token_id), and
         // check the tokenizer fits the embedding.
@@ -166,9 +200,7 @@ int td_cmd_export(int argc, char **argv) {
         }
         if (cfg.bos_id < 0 && bos >= 0) cfg.bos_id = bos;
         if (cfg.n_eos == 0 && eos >= 0) cfg.eos_ids[0] = eos, cfg.n_eos = 1;
-    } else
-        fprintf(stderr, "tandem export: warning: no tokenizer (give --tokenizer DIR); %s\n",
-                hf ? "no tokenizer files written" : "the GGUF will have no vocabulary");
+    }
 
     make_parents(out);
     double t0 = td_now();

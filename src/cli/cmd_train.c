@@ -11,6 +11,7 @@
 #include "base/file.h"
 #include "cli/cli.h"
 #include "dist/world.h"
+#include "train/tok_record.h"
 #include "train/train_run.h"
 
 static void usage(FILE *f) {
@@ -317,6 +318,26 @@ static int td_cmd_train_args(int argc, char **argv) {
     if (!p.trainer.bucket_elems) p.trainer.bucket_elems = 1;
     td_err err = {0};
     td_train_run_result r;
+    // The shards' tokenizer (copied beside them by `data prepare`) goes beside the checkpoints,
+    // its hash into each of them, so that `tandem export` needs no --tokenizer.
+    char tok_hex[17], shard_dir[4096];
+    const char *slash = strrchr(shards[0], '/');
+    snprintf(shard_dir, sizeof shard_dir, "%.*s", slash ? (int)(slash - shards[0]) : 1, slash ? shards[0] : ".");
+    char tok_json[4200];
+    snprintf(tok_json, sizeof tok_json, "%s/tokenizer.json", shard_dir);
+    if (!p.out_dir) {
+        fprintf(stderr, "tandem train: no --out DIR: no checkpoint will be written\n");
+    } else if (!td_file_exists(tok_json)) {
+        fprintf(stderr, "tandem train: note: no tokenizer.json beside %s: the checkpoints record no tokenizer "
+                        "(`tandem export` will need --tokenizer)\n", shards[0]);
+    } else if (td_tok_record_copy(shard_dir, p.out_dir, tok_hex, &err)) {
+        fprintf(stderr, "tandem train: copying the tokenizer: %s\n", err.msg);
+        free(shards);
+        free(vals);
+        return 1;
+    } else {
+        p.tokenizer_xxh3 = tok_hex;
+    }
     p.val_shards = n_val ? vals : NULL;
     p.n_val_shards = n_val;
     // Every process of an mpirun job is one data-parallel rank; alone, the only one.

@@ -13,6 +13,7 @@
 #include "tokenizer/tokenizer.h"
 #include "train/bpe_train.h"
 #include "train/shards.h"
+#include "train/tok_record.h"
 
 static void tokenizer_train_usage(void) {
     fprintf(stderr,
@@ -270,6 +271,18 @@ int td_cmd_data_prepare(int argc, char **argv) {
         return 1;
     }
     double dt = td_now() - t0;
+    if (st.tokens[1] == 0)
+        fprintf(stderr,
+                "tandem data prepare: warning: the validation split is empty (%s); `tandem train --val` has "
+                "nothing to evaluate (raise --val-fraction or give more documents)\n",
+                p.val_fraction > 0 ? "no document was routed to it" : "--val-fraction 0");
+    // The shards' tokenizer travels with them: `tandem train` records it in its checkpoints.
+    char tdir[4096], hex[17];
+    if (!td_tok_record_dir(tok_path, tdir, sizeof tdir))
+        fprintf(stderr, "tandem data prepare: note: %s is not a tokenizer.json or its directory: none copied to %s\n",
+                tok_path, p.out_dir);
+    else if (td_tok_record_copy(tdir, p.out_dir, hex, &err))
+        return fprintf(stderr, "tandem: data prepare: copying the tokenizer: %s\n", err.msg), 1;
     TD_LOGI(
         "data prepare: %llu bytes in %.2f s (%.1f MB/s); train %llu docs %llu tokens in %d shards; "
         "val %llu docs %llu tokens in %d shards -> %s",

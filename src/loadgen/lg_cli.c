@@ -19,10 +19,14 @@ static void usage(FILE *f) {
             "Load generator for any OpenAI-compatible server; metrics as `vllm bench serve`.\n"
             "\n"
             "server:\n"
-            "  --base-url URL            server URL (default http://127.0.0.1:8000)\n"
+            "  --base-url URL            server URL, http:// or https:// (default http://127.0.0.1:8000)\n"
             "  --host H --port P         instead of --base-url\n"
             "  --endpoint PATH           /v1/completions (default) or /v1/chat/completions\n"
             "  --model NAME              model name (default: first id from GET /v1/models)\n"
+            "  --api-key KEY             sent as 'Authorization: Bearer KEY' (default $OPENAI_API_KEY)\n"
+            "  --header 'NAME: VALUE'    an extra header on every request (repeatable; NAME=VALUE too)\n"
+            "  --cacert FILE             https: trust the CA certificates in this PEM file\n"
+            "  --insecure                https: do not verify the server's certificate\n"
             "workload (random dataset):\n"
             "  --dataset-name random     the only dataset\n"
             "  --num-prompts N           requests (default 1000)\n"
@@ -64,6 +68,7 @@ typedef struct {
     const char *result_filename, *result_dir;
     const char *host, *port;
     char url_buf[600];
+    const char *headers[64];  // --header values (argv strings)
 } cli_opts;
 
 static int bad(const char *name, const char *v, const char *what) {
@@ -138,6 +143,8 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
     o->pcts[0] = 99;
     o->n_pct = 1;
     o->which = TD_LG_METRIC_TTFT | TD_LG_METRIC_TPOT | TD_LG_METRIC_ITL | TD_LG_METRIC_E2EL;
+    o->p.api_key = getenv("OPENAI_API_KEY");
+    o->p.headers = o->headers;
     for (int i = 1; i < argc; i++) {
         char name[64];
         const char *a = argv[i], *v = NULL;
@@ -216,6 +223,20 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
             o->p.timeout_s = d;
         } else if (!strcmp(name, "--require-text")) {
             o->p.require_text = 1;
+        } else if (!strcmp(name, "--api-key")) {
+            if (!(o->p.api_key = VAL())) return bad(name, NULL, "needs a value");
+        } else if (!strcmp(name, "--header")) {
+            const char *h = VAL();
+            char line[8192];
+            td_err herr;
+            if (!h) return bad(name, NULL, "needs 'NAME: VALUE'");
+            if (!td_lg_header_line(h, line, sizeof line, &herr)) return fprintf(stderr, "tandem bench serve: %s\n", herr.msg), 0;
+            if (o->p.n_headers == (int)(sizeof o->headers / sizeof *o->headers)) return bad(name, h, "too many headers at");
+            o->headers[o->p.n_headers++] = h;
+        } else if (!strcmp(name, "--cacert")) {
+            if (!(o->p.cacert = VAL())) return bad(name, NULL, "needs a file");
+        } else if (!strcmp(name, "--insecure")) {
+            o->p.insecure = 1;
         } else if (!strcmp(name, "--no-keep-alive")) {
             o->p.keep_alive = 0;
         } else if (!strcmp(name, "--goodput")) {  // one or more KEY:VALUE words
@@ -260,16 +281,20 @@ static int parse_args(int argc, char **argv, cli_opts *o) {
 }
 
 // The first model id from GET /v1/models; malloc'd, or NULL with err set.
-static char *first_model(const td_lg_url *url, td_err *err) {
+static char *first_model(const td_lg_url *url, const td_lg_params *p, td_err *err) {
     int status;
     char *body;
-    if (td_lg_http_simple(url, "GET", "/v1/models", NULL, 30.0, 1 << 20, &status, &body, err) != TD_OK) return NULL;
+    if (td_lg_http_simple(url, p, "GET", "/v1/models", NULL, 30.0, 1 << 20, &status, &body, err) != TD_OK) return NULL;
     char *id = NULL;
     cJSON *j = cJSON_Parse(body);
     const cJSON *data = j ? cJSON_GetObjectItemCaseSensitive(j, "data") : NULL;
     const cJSON *m0 = cJSON_IsArray(data) ? cJSON_GetArrayItem(data, 0) : NULL;
     const cJSON *idj = m0 ? cJSON_GetObjectItemCaseSensitive(m0, "id") : NULL;
-    if (status != 200) td_err_set(err, TD_ERR_IO, "GET /v1/models: HTTP %d", status);
+    const cJSON *e = j ? cJSON_GetObjectItemCaseSensitive(j, "error") : NULL;
+    const cJSON *em = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : NULL;
+    if (status != 200)
+        td_err_set(err, TD_ERR_IO, "GET /v1/models: HTTP %d%s%.200s", status, cJSON_IsString(em) ? ": " : "",
+                   cJSON_IsString(em) ? em->valuestring : "");
     else if (!cJSON_IsString(idj)) td_err_set(err, TD_ERR_FORMAT, "GET /v1/models: no data[0].id in the reply");
     else id = strdup(idj->valuestring);
     cJSON_Delete(j);
@@ -300,7 +325,7 @@ int td_lg_bench_main(int argc, char **argv) {
         fprintf(stderr, "tandem bench serve: %s\n", err.msg);
         return 2;
     }
-    char *model = p->model ? strdup(p->model) : first_model(&url, &err);
+    char *model = p->model ? strdup(p->model) : first_model(&url, p, &err);
     if (!model) {
         fprintf(stderr, "tandem bench serve: cannot find the model (give --model): %s\n", err.msg);
         return 1;
@@ -316,7 +341,7 @@ int td_lg_bench_main(int argc, char **argv) {
     }
     if (p->num_warmups > 0) {  // the first requests again, all at once under the cap; discarded
         printf("Warming up with %d requests...\n", p->num_warmups);
-        td_lg_workload ww = {.n = p->num_warmups, .reqs = malloc((size_t)p->num_warmups * sizeof *ww.reqs)};
+        td_lg_workload ww = {.n = p->num_warmups, .url = w.url, .reqs = malloc((size_t)p->num_warmups * sizeof *ww.reqs)};
         if (!ww.reqs) goto out;
         for (int i = 0; i < ww.n; i++) ww.reqs[i] = w.reqs[i % w.n];
         td_lg_params wp = *p;

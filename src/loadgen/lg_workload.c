@@ -1,6 +1,6 @@
 // The random dataset of `tandem bench serve`: per-request input and output lengths drawn like
 // vLLM's random dataset, prompts as token-id arrays (/v1/completions) or random words (chat), and
-// the complete HTTP request bytes, all built before the timed run. Not a tokenizer.
+// the JSON request bodies, all built before the timed run. Not a tokenizer.
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -55,8 +55,10 @@ static int is_chat(const char *endpoint) { return strstr(endpoint, "chat/complet
 
 void td_lg_workload_free(td_lg_workload *w) {
     if (!w) return;
-    for (int i = 0; i < w->n; i++) free(w->reqs[i].http);
+    for (int i = 0; i < w->n; i++) free(w->reqs[i].body);
     free(w->reqs);
+    free(w->url);
+    w->url = NULL;
     w->reqs = NULL;
     w->n = 0;
 }
@@ -147,9 +149,10 @@ td_status td_lg_workload_build(const td_lg_params *p, const char *model, td_lg_w
     const int pre = p->prefix_len;
     int *ids = malloc(((size_t)pre + (size_t)in_hi) * sizeof *ids);
     w->reqs = calloc((size_t)p->num_prompts, sizeof *w->reqs);
-    const char *key = getenv("OPENAI_API_KEY");
-    if (key && strlen(key) > 1024) key = NULL;
-    if (!ids || !w->reqs) {
+    size_t ul = strlen(url.base) + strlen(p->endpoint) + 1;
+    w->url = malloc(ul);
+    if (w->url) snprintf(w->url, ul, "%s%s", url.base, p->endpoint);
+    if (!ids || !w->reqs || !w->url) {
         st = td_err_set(err, TD_ERR_NOMEM, "out of memory for %d requests", p->num_prompts);
         goto out;
     }
@@ -170,25 +173,8 @@ td_status td_lg_workload_build(const td_lg_params *p, const char *model, td_lg_w
             st = td_err_set(err, TD_ERR_NOMEM, "out of memory building request %d", i);
             goto out;
         }
-        size_t blen = strlen(body);
-        size_t cap = blen + strlen(url.prefix) + strlen(p->endpoint) + strlen(url.host) + 1400;
-        char *http = malloc(cap);
-        if (!http) {
-            free(body);
-            st = td_err_set(err, TD_ERR_NOMEM, "out of memory building request %d", i);
-            goto out;
-        }
-        int hl = snprintf(http, cap,
-                          "POST %s%s HTTP/1.1\r\nHost: %s:%s\r\nUser-Agent: tandem-bench\r\n"
-                          "Accept: text/event-stream\r\nContent-Type: application/json\r\n"
-                          "Content-Length: %zu\r\n%s%s%s%s\r\n",
-                          url.prefix, p->endpoint, url.host, url.port, blen, key ? "Authorization: Bearer " : "",
-                          key ? key : "", key ? "\r\n" : "", p->keep_alive ? "" : "Connection: close\r\n");
-        memcpy(http + hl, body, blen);
-        http[hl + blen] = 0;
-        free(body);
-        w->reqs[i].http = http;
-        w->reqs[i].http_len = (size_t)hl + blen;
+        w->reqs[i].body = body;
+        w->reqs[i].body_len = strlen(body);
         w->reqs[i].prompt_len = pre + in_len;
         w->reqs[i].max_tokens = max_tokens;
         w->n = i + 1;

@@ -1,8 +1,8 @@
 // The load generator behind `tandem bench serve`: drives any OpenAI-compatible server with
 // streamed completions from one epoll event loop (no thread per request) and computes the serving
 // metrics of `vllm bench serve` (TTFT, TPOT, ITL, E2EL, throughput, goodput) with its definitions.
-// It is a client only: no TLS, no tokenizer (input lengths come from token-id prompts or from the
-// server's usage report).
+// Transfers go through libcurl's multi interface (http and https, keep-alive). It is a client
+// only: no tokenizer (input lengths come from token-id prompts or from the server's usage report).
 #ifndef TD_LOADGEN_LOADGEN_H
 #define TD_LOADGEN_LOADGEN_H
 
@@ -16,7 +16,7 @@ typedef struct cJSON cJSON;
 // ---- parameters ------------------------------------------------------------------------------
 
 typedef struct td_lg_params {
-    const char *base_url;    // "http://127.0.0.1:8000" (an optional path prefix is kept)
+    const char *base_url;    // "http://127.0.0.1:8000" or https://... (an optional path prefix is kept)
     const char *endpoint;    // "/v1/completions" or "/v1/chat/completions"
     const char *model;       // NULL: the first id from GET /v1/models
     int num_prompts;         // requests in the run
@@ -34,6 +34,12 @@ typedef struct td_lg_params {
     uint64_t seed;           // lengths, prompt ids and arrivals
     double timeout_s;        // seconds per request (connect to last byte); <= 0: none
     int keep_alive;          // reuse connections between requests (HTTP/1.1 keep-alive)
+    const char *api_key;     // sent as "Authorization: Bearer KEY" (also on GET /v1/models); NULL or
+                             // "": none (the command line defaults it to $OPENAI_API_KEY, as vLLM)
+    const char *const *headers;  // n_headers extra "Name: value" lines on every request (borrowed)
+    int n_headers;
+    const char *cacert;      // https: PEM file of trusted CA certificates; NULL: the system store
+    int insecure;            // https: do not verify the server's certificate
     double temperature;      // NAN: not sent
     const char *extra_body;  // JSON object whose members are added to every request body, or NULL
     int num_warmups;         // requests sent (and discarded) before the timed run
@@ -45,11 +51,11 @@ td_lg_params td_lg_default_params(void);
 
 // ---- requests and their outcome --------------------------------------------------------------
 
-// One prepared request: the HTTP bytes are built before the run so that the timed loop only
-// writes and reads. Owned by a td_lg_workload.
+// One prepared request: the JSON body is built before the run so that the timed loop only hands
+// bytes to libcurl. Owned by a td_lg_workload.
 typedef struct td_lg_request {
-    char *http;          // the whole HTTP request (head + JSON body), NUL-terminated
-    size_t http_len;     // bytes
+    char *body;          // the JSON request body, NUL-terminated
+    size_t body_len;     // bytes
     int prompt_len;      // tokens (exact for token-id prompts; words for chat text)
     int max_tokens;      // tokens requested
 } td_lg_request;
@@ -57,6 +63,7 @@ typedef struct td_lg_request {
 typedef struct td_lg_workload {
     td_lg_request *reqs;
     int n;
+    char *url;           // base URL + endpoint, the same for every request (owned)
 } td_lg_workload;
 
 // Builds n requests from the random dataset (p->num_prompts of them) for `model`. The caller frees
@@ -70,7 +77,7 @@ typedef struct td_lg_result {
     int prompt_len;      // tokens: usage.prompt_tokens when reported, else the request's
     int usage_tokens;    // usage.completion_tokens (0 when not reported)
     int chunks;          // token-carrying chunks received (choices non-empty)
-    double start;        // when the request was sent (connection taken or opened)
+    double start;        // when the request was handed to libcurl (before connecting or reuse)
     double queued;       // when it arrived (its scheduled time); start - queued = client queueing
     double ttft;         // first token-carrying chunk - start
     double latency;      // last token-carrying chunk - start (E2EL)
@@ -90,12 +97,13 @@ typedef struct td_lg_run {
     int n;
     double duration;        // seconds from the first dispatch to the last completion
     int max_in_flight;      // the most requests the client had in flight at once
-    int connections_opened; // TCP connections opened (fewer than requests with keep-alive)
+    int connections_opened; // TCP connections opened (fewer than requests with keep-alive; libcurl's
+                            // CURLINFO_NUM_CONNECTS summed over the requests)
 } td_lg_run;
 
 // Runs the workload against the server: arrivals, concurrency cap, per-request timeout. Request
 // failures (refused connection, non-200, malformed stream, timeout) are recorded per request;
-// the call itself fails only for setup problems (bad URL, out of memory, epoll).
+// the call itself fails only for setup problems (bad URL or header, out of memory, libcurl).
 td_status td_lg_run_workload(const td_lg_params *p, const td_lg_workload *w, td_lg_run *out, td_err *err);
 void td_lg_run_free(td_lg_run *r);
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/afile.h"
 #include "base/file.h"
@@ -289,6 +290,11 @@ static td_status save(const td_train_run_params *p, td_tmodel *tm, td_trainer *t
     cJSON_AddItemToObject(root, "config", td_train_config_json(td_tmodel_config(tm)));
     cJSON_AddItemToObject(root, "settings", run_settings(p));
     if (changes) cJSON_AddItemToObject(root, "resume_changes", cJSON_Duplicate(changes, 1));
+    if (p->tokenizer_xxh3) {  // a copy beside the checkpoints (cmd_train.c); export checks the hash
+        cJSON *tk = cJSON_AddObjectToObject(root, "tokenizer");
+        cJSON_AddStringToObject(tk, "file", "tokenizer.json");
+        cJSON_AddStringToObject(tk, "xxh3", p->tokenizer_xxh3);
+    }
     td_comm *comm = p->trainer.comm && td_comm_size(p->trainer.comm) > 1 ? p->trainer.comm : NULL;
     td_ckpt_piece *pieces = NULL;
     int n_pieces = 0;
@@ -516,6 +522,7 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
                           p->model.batch, world);
     const int B = p->model.batch / world;  // this rank's sequences per micro-batch
     FILE *log = rank == 0 ? p->log : NULL;
+    const int tty = log && isatty(fileno(log));  // progress rewritten in place on a terminal
     td_tmodel_params mparams = p->model;
     mparams.batch = B;
 
@@ -633,23 +640,28 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
         res.steps_done++;
         res.last_step = ss.step;
         res.last_loss = ss.loss;
+        const int last = s + 1 == p->steps;
+        const int eval = vl && ((p->eval_every > 0 && (s + 1) % p->eval_every == 0) || last);
+        const int ckpt = p->out_dir && ((p->ckpt_every > 0 && (s + 1) % p->ckpt_every == 0) || last);
         if (log) {
             // Remaining time from this run's mean step time so far (steps resumed from a
-            // checkpoint are not counted).
+            // checkpoint are not counted). On a terminal the line is rewritten in place ("\r",
+            // then erase to the end of the line) and kept only before other output and at the end.
             const double elapsed = td_now() - t_start;
             const double eta = elapsed / (double)res.steps_done * (double)(p->steps - s - 1);
+            const int keep_line = !tty || last || eval || ckpt || !isfinite(ss.loss);
             fprintf(log,
-                    "step %ld/%ld | loss %.4f | lr %.3e | norm %.3f | %.0f tok/s | world %d | %.0fs elapsed, "
-                    "%.0fs left\n",
-                    ss.step + 1, p->steps, ss.loss, (double)ss.lr, ss.grad_norm, tps, world, elapsed, eta);
+                    "%sstep %ld/%ld | loss %.4f | lr %.3e | norm %.3f | %.0f tok/s | world %d | %.0fs elapsed, "
+                    "%.0fs left%s",
+                    tty ? "\r" : "", ss.step + 1, p->steps, ss.loss, (double)ss.lr, ss.grad_norm, tps, world, elapsed,
+                    eta, tty ? (keep_line ? "\033[K\n" : "\033[K") : "\n");
+            if (tty) fflush(log);
         }
         if (!isfinite(ss.loss)) {
             st = td_err_set(err, TD_ERR_INVALID, "train: the loss is not finite at step %ld",
                             ss.step + 1);
             goto done;
         }
-        const int last = s + 1 == p->steps;
-        const int eval = vl && ((p->eval_every > 0 && (s + 1) % p->eval_every == 0) || last);
         if (eval) {
             if ((st = evaluate(p, tm, vl, &vstart, win, tok, tgt, &res.val_loss, err))) goto done;
             if (log) fprintf(log, "val %ld | loss %.4f\n", ss.step + 1, res.val_loss);
@@ -665,7 +677,7 @@ td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, t
             fputs("}\n", metrics);
             fflush(metrics);
         }
-        if (p->out_dir && ((p->ckpt_every > 0 && (s + 1) % p->ckpt_every == 0) || last)) {
+        if (ckpt) {
             td_adamw *o = td_trainer_adamw(tr);
             if (!comm) td_adamw_state_to_host(o);
             if ((st = save(p, tm, tr, ld, td_adamw_host_m(o), td_adamw_host_v(o), log, changes, err))) goto done;

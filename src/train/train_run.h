@@ -35,6 +35,8 @@ typedef struct td_train_run_params {
     long eval_every;   // steps between evaluations (and one at the end); <= 0: only the end
     int eval_batches;  // batches of B x T per evaluation, from the start of the val shards (8)
     const char *metrics_path;  // JSON lines appended per step (`tandem plot`); NULL: none
+    const char *tokenizer_xxh3;  // XXH3-64 (16 hex digits) of out_dir/tokenizer.json, the tokenizer
+                                 // of the shards, recorded in every checkpoint; NULL: none known
 } td_train_run_params;
 
 // Defaults: a small llama (dim 128, 4 layers, 4 heads, ffn 384, tied), batch 4 x 128, accumulation
@@ -49,7 +51,8 @@ typedef struct td_train_run_result {
     double val_loss;    // mean loss of the last evaluation (NAN if none)
 } td_train_run_result;
 
-// Runs the loop. Progress: "step S/N | loss L | lr R | norm G | T tok/s", and "val S | loss L"
+// Runs the loop. Progress: "step S/N | loss L | lr R | norm G | T tok/s" (one line per step; on a
+// terminal one line rewritten in place, kept at evaluations, checkpoints and the end), and "val S | loss L"
 // after evaluations (the same first eval_batches windows every time, in order, no shuffling; the
 // per-token loss of td_eval_token_nll, as `tandem eval`). metrics_path gets one JSON object per
 // step: {"step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"[, "val_loss"]}; loss and
@@ -58,7 +61,7 @@ typedef struct td_train_run_result {
 // batch, schedule, AdamW, precision, threads, shards, checkpointing, resumed_from_step).
 // A checkpoint holds every parameter by HF name ("param.<name>", f32), the AdamW moments
 // ("adam.m", "adam.v", flat) and metadata {"step", "loader", "seed", "config": {HF config.json
-// keys}}; resuming restores them and the data position, so a run cut at a checkpoint and resumed
+// keys}[, "tokenizer": {"file": "tokenizer.json", "xxh3": tokenizer_xxh3}]}; resuming restores them and the data position, so a run cut at a checkpoint and resumed
 // equals the uninterrupted run bit for bit. out may be NULL.
 td_status td_train_run(const td_train_run_params *p, td_train_run_result *out, td_err *err);
 

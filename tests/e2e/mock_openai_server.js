@@ -2,6 +2,7 @@
 // end-to-end test. Not a model: it streams " tok" chunks on a fixed schedule.
 //
 //   node mock_openai_server.js [--port 0] [--first-delay-ms 100] [--token-delay-ms 20] [--eos-at 5]
+//                              [--tls-key KEY.pem --tls-cert CERT.pem]   (https instead of http)
 //
 // Prints "PORT <n>" on stdout once listening. Streams min(max_tokens, eos-at) token chunks
 // (max_tokens of them with ignore_eos): the first after first-delay-ms, then one every
@@ -11,13 +12,17 @@
 // chunk before the tokens), mock-split (every event
 // written in two pieces split inside the JSON), mock-length (whole body with Content-Length),
 // mock-drop-reused (closes a keep-alive connection when a second request arrives on it).
-// GET /mock/stats reports the requests seen and the most in flight at once; POST /mock/reset.
+// GET /mock/stats reports the requests seen, the most in flight at once and the headers of the
+// latest generation request (last_headers); POST /mock/reset.
 'use strict';
+const fs = require('fs');
 const http = require('http');
 
-const opt = { port: 0, firstDelayMs: 100, tokenDelayMs: 20, eosAt: 5 };
+const opt = { port: 0, firstDelayMs: 100, tokenDelayMs: 20, eosAt: 5, tlsKey: null, tlsCert: null };
 for (let i = 2; i < process.argv.length; i += 2) {
   const k = process.argv[i], v = Number(process.argv[i + 1]);
+  if (k === '--tls-key') { opt.tlsKey = process.argv[i + 1]; continue; }
+  if (k === '--tls-cert') { opt.tlsCert = process.argv[i + 1]; continue; }
   if (k === '--port') opt.port = v;
   else if (k === '--first-delay-ms') opt.firstDelayMs = v;
   else if (k === '--token-delay-ms') opt.tokenDelayMs = v;
@@ -28,7 +33,7 @@ for (let i = 2; i < process.argv.length; i += 2) {
 let stats;
 function resetStats() {
   stats = { requests: 0, in_flight: 0, max_concurrent: 0, ignore_eos: 0, include_usage: 0,
-            prompt_tokens: 0, completion_tokens: 0, connections: 0, dropped: 0, last_body: null };
+            prompt_tokens: 0, completion_tokens: 0, connections: 0, dropped: 0, last_body: null, last_headers: null };
 }
 resetStats();
 
@@ -53,6 +58,7 @@ function handleGenerate(req, res, body, chat) {
   let b;
   try { b = JSON.parse(body); } catch (e) { return json(res, 400, { error: { message: 'bad json' } }); }
   stats.last_body = b;
+  stats.last_headers = req.headers;
   const model = b.model || '';
   if (b.ignore_eos) stats.ignore_eos++;
   const includeUsage = !!(b.stream_options && b.stream_options.include_usage);
@@ -121,7 +127,7 @@ function handleGenerate(req, res, body, chat) {
   setTimeout(send, opt.firstDelayMs);
 }
 
-const server = http.createServer((req, res) => {
+const handler = (req, res) => {
   let body = '';
   req.on('data', (d) => { body += d; });
   req.on('end', () => {
@@ -134,8 +140,11 @@ const server = http.createServer((req, res) => {
     if (req.method === 'POST' && url === '/v1/chat/completions') return handleGenerate(req, res, body, true);
     json(res, 404, { error: { message: 'not found: ' + url } });
   });
-});
-server.on('connection', () => { stats.connections++; });
+};
+const server = opt.tlsKey
+  ? require('https').createServer({ key: fs.readFileSync(opt.tlsKey), cert: fs.readFileSync(opt.tlsCert) }, handler)
+  : http.createServer(handler);
+server.on(opt.tlsKey ? 'secureConnection' : 'connection', () => { stats.connections++; });
 server.keepAliveTimeout = 10000;
 server.listen(opt.port, '127.0.0.1', () => {
   process.stdout.write('PORT ' + server.address().port + '\n');

@@ -26,6 +26,7 @@ typedef struct {
     int port;
     int stdin_fd;
     char url[64];
+    char cacert[300];  // https mocks: the certificate to trust; "" for http
 } mock;
 
 static double now_s(void) {
@@ -34,8 +35,14 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-// Starts the mock with the given first-chunk and token delays; 0 on failure.
-static int mock_start(mock *m, int first_ms, int token_ms, int eos_at) {
+// Starts the mock with the given first-chunk and token delays, over https with tls_dir/key.pem and
+// tls_dir/cert.pem when tls_dir is not NULL; 0 on failure.
+static int mock_start(mock *m, int first_ms, int token_ms, int eos_at, const char *tls_dir) {
+    char key[300] = "", cert[300] = "";
+    if (tls_dir) {
+        snprintf(key, sizeof key, "%s/key.pem", tls_dir);
+        snprintf(cert, sizeof cert, "%s/cert.pem", tls_dir);
+    }
     int out[2], in[2];
     if (pipe(out) || pipe(in)) return 0;
     char a1[16], a2[16], a3[16];
@@ -51,8 +58,12 @@ static int mock_start(mock *m, int first_ms, int token_ms, int eos_at) {
         close(out[1]);
         close(in[0]);
         close(in[1]);
-        execlp("node", "node", "tests/e2e/mock_openai_server.js", "--first-delay-ms", a1, "--token-delay-ms", a2,
-               "--eos-at", a3, (char *)NULL);
+        if (tls_dir)
+            execlp("node", "node", "tests/e2e/mock_openai_server.js", "--first-delay-ms", a1, "--token-delay-ms", a2,
+                   "--eos-at", a3, "--tls-key", key, "--tls-cert", cert, (char *)NULL);
+        else
+            execlp("node", "node", "tests/e2e/mock_openai_server.js", "--first-delay-ms", a1, "--token-delay-ms", a2,
+                   "--eos-at", a3, (char *)NULL);
         _exit(127);
     }
     close(out[1]);
@@ -78,7 +89,8 @@ static int mock_start(mock *m, int first_ms, int token_ms, int eos_at) {
         waitpid(pid, NULL, 0);
         return 0;
     }
-    snprintf(m->url, sizeof m->url, "http://127.0.0.1:%d", m->port);
+    snprintf(m->url, sizeof m->url, "%s://127.0.0.1:%d", tls_dir ? "https" : "http", m->port);
+    snprintf(m->cacert, sizeof m->cacert, "%s", cert);
     return 1;
 }
 
@@ -96,7 +108,9 @@ static cJSON *mock_call(mock *m, const char *method, const char *path) {
     if (td_lg_url_parse(m->url, &u, &err) != TD_OK) return NULL;
     int status;
     char *body;
-    if (td_lg_http_simple(&u, method, path, method[0] == 'P' ? "{}" : NULL, 5.0, 1 << 20, &status, &body, &err) != TD_OK) {
+    td_lg_params p = td_lg_default_params();
+    p.cacert = m->cacert[0] ? m->cacert : NULL;
+    if (td_lg_http_simple(&u, &p, method, path, method[0] == 'P' ? "{}" : NULL, 5.0, 1 << 20, &status, &body, &err) != TD_OK) {
         fprintf(stderr, "mock %s %s: %s\n", method, path, err.msg);
         return NULL;
     }
@@ -175,7 +189,7 @@ static td_lg_params base_params(const mock *mk, int n, int in_len, int out_len) 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     mock mk = {0};
-    if (!mock_start(&mk, 100, 20, 5)) {
+    if (!mock_start(&mk, 100, 20, 5, NULL)) {
         CHECK(0, "cannot start node tests/e2e/mock_openai_server.js");
         TEST_DONE();
     }
@@ -439,8 +453,10 @@ int main(void) {
         CHECK(td_lg_bench_main(2, bad1) == 2, "M: unknown option is a usage error");
         char *bad2[] = {"serve", "--goodput", "latency:5", NULL};
         CHECK(td_lg_bench_main(3, bad2) == 2, "M: bad goodput key is a usage error");
-        char *bad3[] = {"serve", "--base-url", "https://x", NULL};
-        CHECK(td_lg_bench_main(3, bad3) == 2, "M: https is refused");
+        char *bad3[] = {"serve", "--base-url", "ftp://x", NULL};
+        CHECK(td_lg_bench_main(3, bad3) == 2, "M: a scheme other than http(s) is refused");
+        char *bad4[] = {"serve", "--base-url", mk.url, "--header", "no colon", NULL};
+        CHECK(td_lg_bench_main(5, bad4) == 2, "M: a malformed --header is a usage error");
     }
 
     // N: strict goodput through the library: a 1 ms TTFT SLO is never met.
@@ -457,7 +473,7 @@ int main(void) {
     // O: hundreds of concurrent streams from one thread.
     {
         mock big = {0};
-        if (!mock_start(&big, 1000, 20, 5)) {
+        if (!mock_start(&big, 1000, 20, 5, NULL)) {
             CHECK(0, "cannot start the second mock");
         } else {
             td_lg_params p = base_params(&big, 300, 8, 4);
@@ -472,6 +488,65 @@ int main(void) {
             outcome_free(&o);
             mock_stop(&big);
         }
+    }
+
+    // S: https with a certificate made here (openssl CLI), trusted through --cacert; the extra
+    // headers and the API key reach the server; without the certificate every request fails.
+    {
+        char dir[] = "/tmp/tandem_lg_tls_XXXXXX", cmd[1024];
+        CHECK(mkdtemp(dir) != NULL, "S: temporary directory");
+        snprintf(cmd, sizeof cmd,
+                 "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=localhost "
+                 "-addext subjectAltName=IP:127.0.0.1,DNS:localhost -keyout %s/key.pem -out %s/cert.pem 2>/dev/null",
+                 dir, dir);
+        int made = system(cmd) == 0;
+        CHECK(made, "S: openssl made a certificate (scripts/setup.sh installs openssl)");
+        mock tls = {0};
+        if (made && !mock_start(&tls, 50, 10, 4, dir)) CHECK(0, "cannot start the https mock");
+        if (made && tls.pid > 0) {
+            cJSON_Delete(mock_call(&tls, "POST", "/mock/reset"));
+            char *argv[] = {"serve", "--base-url", tls.url, "--cacert", tls.cacert, "--num-prompts", "4",
+                            "--random-input-len", "8", "--random-output-len", "3", "--ignore-eos",
+                            "--header", "X-Bench-Run: s-42", "--header", "x-info=0.3.3", "--api-key", "sk-tls", NULL};
+            int rc = td_lg_bench_main((int)(sizeof argv / sizeof *argv) - 1, argv);
+            CHECK(rc == 0, "S: bench over https exits %d", rc);
+            cJSON *ms = mock_call(&tls, "GET", "/mock/stats");
+            const cJSON *h = ms ? cJSON_GetObjectItem(ms, "last_headers") : NULL;
+            const cJSON *auth = cJSON_GetObjectItem(h, "authorization"), *xb = cJSON_GetObjectItem(h, "x-bench-run");
+            const cJSON *xi = cJSON_GetObjectItem(h, "x-info");
+            CHECK(stat_int(ms, "requests") == 4, "S: the https mock saw %d requests", stat_int(ms, "requests"));
+            CHECK(cJSON_IsString(auth) && !strcmp(auth->valuestring, "Bearer sk-tls"), "S: Authorization reached the server");
+            CHECK(cJSON_IsString(xb) && !strcmp(xb->valuestring, "s-42") && cJSON_IsString(xi) &&
+                      !strcmp(xi->valuestring, "0.3.3"),
+                  "S: --header lines reached the server");
+            cJSON_Delete(ms);
+
+            td_lg_params p = base_params(&tls, 3, 8, 2);
+            p.ignore_eos = 1;
+            p.max_concurrency = 1;  // one after another: one kept-alive TLS connection
+            p.cacert = tls.cacert;
+            outcome o = run_case(&tls, &p, "mock-model", NULL);
+            CHECK(o.ok && o.m.completed == 3 && o.m.total_output == 6 && o.run.connections_opened == 1,
+                  "S: library run over https: completed %d output %lld connections %d", o.m.completed,
+                  o.m.total_output, o.run.connections_opened);
+            outcome_free(&o);
+            p.cacert = NULL;  // the system store does not know this certificate
+            td_lg_workload w;
+            td_err err;
+            td_lg_run r;
+            CHECK(td_lg_workload_build(&p, "mock-model", &w, &err) == TD_OK, "S: workload");
+            CHECK(td_lg_run_workload(&p, &w, &r, &err) == TD_OK, "S: run returns");
+            CHECK(r.n == 3 && all_errors_contain(&r, "certificate"), "S: an untrusted certificate fails every request");
+            td_lg_run_free(&r);
+            td_lg_workload_free(&w);
+            p.insecure = 1;
+            o = run_case(&tls, &p, "mock-model", NULL);
+            CHECK(o.ok && o.m.completed == 3, "S: --insecure accepts it: completed %d", o.m.completed);
+            outcome_free(&o);
+            mock_stop(&tls);
+        }
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        CHECK(system(cmd) == 0, "S: clean up");
     }
     TEST_DONE();
 }
