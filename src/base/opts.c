@@ -111,10 +111,12 @@ static bool store(const td_opts *t, const td_opt *o, const char *name, const cha
 
 int td_opts_parse(const td_opts *t, int argc, char **argv, int *n_pos) {
     int np = 0;
-    bool only_pos = false;
+    bool only_pos = false, any_short = false;
+    for (int k = 0; k < t->n; k++) any_short |= t->opts[k].shorts != NULL;
     for (int i = 1; i < argc; i++) {
         char *a = argv[i];
-        if (only_pos || a[0] != '-' || !a[1]) {
+        const bool dash_word = a[0] == '-' && a[1] && a[1] != '-' && strcmp(a, "-h") && !any_short;
+        if (only_pos || a[0] != '-' || !a[1] || dash_word) {
             if (t->max_pos >= 0 && np >= t->max_pos) {
                 fprintf(stderr, "%s: unexpected argument '%s' (see %s --help)\n", t->prog, a, t->prog);
                 return -1;

@@ -3,7 +3,8 @@
 // Not getopt: it also takes llama-server's multi-letter short names (-np) and writes typed values.
 //
 // Accepted forms: `--name value`, `--name=value`, `-s value` (a short name, one or more letters),
-// `--` ends the options (everything after is positional), a lone `-` is positional. `--help` / `-h`
+// `--` ends the options (everything after is positional), a lone `-` is positional, and so is any
+// `-word` when the table has no short names (`tokenize PATH -x`). `--help` / `-h`
 // print the help; `--help-options` prints the table as JSON (tests check help against it).
 #ifndef TD_BASE_OPTS_H
 #define TD_BASE_OPTS_H
