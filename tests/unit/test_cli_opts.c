@@ -361,7 +361,8 @@ int main(void) {
         return 77;
     }
     const char *cmds[] = {"run", "serve", "train", "tokenize", "detokenize", "convert", "quantize", "export",
-                          "weights push", "weights get", "tokenizer train", "data prepare"};
+                          "weights push", "weights get", "tokenizer train", "data prepare", "bench pp", "bench tg",
+                          "bench batched", "bench ceilings"};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) test_command(cmds[i]);
     char model[1024];
     snprintf(model, sizeof model, "%s/ref/llama2", td_test_data_dir());
