@@ -6,6 +6,7 @@
 // The serve part needs the llama2 reference model (.cache/ref) and skips without it.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -299,8 +300,9 @@ static void test_serve(const char *model) {
 
     // inline --chat-template == the same template from a file, and differs from the model's own
     const char *tmpl = "{% for m in messages %}<<{{ m.role }}>> {{ m.content }} and more words here{% endfor %}";
-    char path[] = "/tmp/tandem_tmpl_XXXXXX";
-    int fd = mkstemp(path);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/tandem_tmpl_%d.jinja", (int)getpid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     CHECK(fd >= 0 && write(fd, tmpl, strlen(tmpl)) == (ssize_t)strlen(tmpl), "template file");
     if (fd >= 0) close(fd);
     const char *ex_file[] = {"--chat-template", path, NULL};
