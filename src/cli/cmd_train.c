@@ -208,8 +208,10 @@ static int td_cmd_train_args(int argc, char **argv) {
                   "flags on the command line override it")},
         {TD_OPT_SEC("evaluation:")},
         {TD_OPT_CB("val", opt_val, true, "SHARD", "a validation shard (repeat for more)")},
-        {TD_OPT_I("eval-every", &p.eval_every, 0, 1L << 40, "N", "validation loss every N steps (0: off)")},
-        {TD_OPT_I("eval-batches", &p.eval_batches, 1, 1 << 20, "N", "batches per validation pass")},
+        {TD_OPT_I("eval-every", &p.eval_every, 0, 1L << 40, "N", "validation loss every N steps and at the end (0, default: only\n"
+                  "at the end; with --val)")},
+        {TD_OPT_I("eval-batches", &p.eval_batches, 1, 1 << 20, "N", "batches of B x T per validation pass, from the start of the val\n"
+                  "shards (8)")},
         {TD_OPT_S("metrics", &p.metrics_path, "FILE", "also write one JSON line of metrics per step to FILE")},
         {TD_OPT_SEC("run:")},
         {TD_OPT_S("out", &p.out_dir, "DIR", "checkpoint directory")},
