@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "base/log.h"
 #include "cli/bench_ceil.h"
+#include "base/opts.h"
 #include "cli/cli.h"
 #include "kernels/kernels.h"
 #include "cli/cmd_bench.h"
@@ -21,28 +22,15 @@
 #define MAX_REPS 100
 #define MAX_BATCHES 16
 
-static void bench_usage(FILE *f) {
+#define BENCH_USAGE                                                                                 \
+    "usage: tandem bench pp N MODEL [options]      prompt processing: N tokens in one batch\n"         \
+    "       tandem bench tg N MODEL [options]      generation: N tokens one at a time\n"               \
+    "       tandem bench batched MODEL [options]   B sequences decoding together\n"                    \
+    "       tandem bench ceilings [options]        memory bandwidth, FP32 FMA / int8 / BF16 peaks\n"   \
+    "  MODEL                     .gguf file or model directory (also -m MODEL)\n"
+
+static void bench_epilog(FILE *f) {
     fprintf(f,
-            "usage: tandem bench pp N MODEL [options]      prompt processing: N tokens in one batch\n"
-            "       tandem bench tg N MODEL [options]      generation: N tokens one at a time\n"
-            "       tandem bench batched MODEL [options]   B sequences decoding together\n"
-            "       tandem bench ceilings [options]        memory bandwidth, FP32 FMA / int8 / BF16 peaks\n"
-            "  MODEL                  .gguf file or model directory (also -m MODEL)\n"
-            "  -r, --reps R           timed repetitions (default 3), after one untimed warm-up\n"
-            "  -t, --threads T        worker threads (default 2)\n"
-            "  --backend NAME         cpu, or a device backend of this build (listed below); default\n"
-            "                         $TANDEM_BACKEND, else cpu\n"
-            "  --json                 print one JSON object\n"
-            "  --batch 1,4,16,64      batched: sequences per forward batch (default 1,4,16,64)\n"
-            "  -n N                   batched: decode steps per sequence (default 32)\n"
-            "  -p P                   batched: prompt tokens per sequence, prefilled untimed (default 0)\n"
-            "  --no-ceil              skip measuring the ceilings (no fractions reported)\n"
-            "  --ceil-gbs X           use X GB/s as the bandwidth ceiling instead of measuring\n"
-            "  --ceil-gflops X        use X GFLOP/s as the FP32 FMA ceiling instead of measuring\n"
-            "  --ceil-int8-giops X    ... X GOP/s as the int8 VNNI ceiling (with --ceil-gbs and --ceil-gflops)\n"
-            "  --ceil-bf16-gflops X   ... X GFLOP/s as the BF16 dot-product ceiling (likewise)\n"
-            "  --ceil-mib M           read-bandwidth buffer size in MiB (default 512)\n"
-            "  --kv-cache-dtype T     KV cache element type: auto (= f32), f32, f16 or bf16\n"
             "pp/tg: like llama-bench -p N / -n N (tg starts from an empty cache; every generated\n"
             "token's logits are computed, pp computes only the last one's). See docs/bench.md.\n");
     fprintf(f, "backends in this build: %s\n", td_backend_names());
@@ -78,6 +66,11 @@ static int parse_batches(const char *v, bench_opts *o) {
     return 1;
 }
 
+static bool opt_kv_dtype(void *ctx, const td_opt *opt, const char *v) {
+    (void)opt;
+    return td_arg_kv_dtype("--kv-cache-dtype", v, &((bench_opts *)ctx)->kv_dtype);
+}
+
 // Returns 1 to run, 0 to exit 0 (help), -1 on a usage error.
 static int parse_opts(int argc, char **argv, bench_opts *o) {
     memset(o, 0, sizeof *o);
@@ -89,61 +82,55 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
     o->n_batches = 4;
     if (argc < 2) return fprintf(stderr, "tandem bench: expected pp, tg, batched, ceilings or serve\n"), -1;
     o->sub = argv[1];
-    if (!strcmp(o->sub, "--help") || !strcmp(o->sub, "-h")) return bench_usage(stdout), 0;
+    if (!strcmp(o->sub, "--help") || !strcmp(o->sub, "-h")) return fputs(BENCH_USAGE, stdout), bench_epilog(stdout), 0;
     bool positional_n = !strcmp(o->sub, "pp") || !strcmp(o->sub, "tg");
     if (!positional_n && strcmp(o->sub, "batched") && strcmp(o->sub, "ceilings"))
         return fprintf(stderr, "tandem bench: unknown benchmark '%s'\n", o->sub), -1;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define TAKE() (i++, v)
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            bench_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (!v) return fprintf(stderr, "tandem bench: %s needs a value\n", a), -1;
-            o->model = TAKE();
-        } else if (!strcmp(a, "-r") || !strcmp(a, "--reps")) {
-            if (!td_arg_int(a, TAKE(), 1, MAX_REPS, &o->reps)) return -1;
-        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            if (!td_arg_int(a, TAKE(), 1, 1024, &o->threads)) return -1;
-        } else if (!strcmp(a, "--backend")) {
-            if (!v) return fprintf(stderr, "tandem: --backend needs a value\n"), -1;
-            o->backend = TAKE();
-        } else if (!strcmp(a, "-n")) {
-            if (!td_arg_int(a, TAKE(), 1, 1 << 20, &o->n)) return -1;
-        } else if (!strcmp(a, "-p")) {
-            if (!td_arg_int(a, TAKE(), 0, 1 << 20, &o->prompt)) return -1;
-        } else if (!strcmp(a, "--batch")) {
-            if (!v) return fprintf(stderr, "tandem bench: --batch needs a value\n"), -1;
-            if (!parse_batches(TAKE(), o)) return -1;
-        } else if (!strcmp(a, "--json")) {
-            o->json = true;
-        } else if (!strcmp(a, "--kv-cache-dtype")) {
-            if (!td_arg_kv_dtype(a, TAKE(), &o->kv_dtype)) return -1;
-        } else if (!strcmp(a, "--no-ceil")) {
-            o->no_ceil = true;
-        } else if (!strcmp(a, "--ceil-gbs")) {
-            if (!td_arg_float(a, TAKE(), 1e-3, 1e6, &o->ceil_gbs)) return -1;
-        } else if (!strcmp(a, "--ceil-gflops")) {
-            if (!td_arg_float(a, TAKE(), 1e-3, 1e9, &o->ceil_gflops)) return -1;
-        } else if (!strcmp(a, "--ceil-int8-giops")) {
-            if (!td_arg_float(a, TAKE(), 1e-3, 1e9, &o->ceil_int8)) return -1;
-        } else if (!strcmp(a, "--ceil-bf16-gflops")) {
-            if (!td_arg_float(a, TAKE(), 1e-3, 1e9, &o->ceil_bf16)) return -1;
-        } else if (!strcmp(a, "--ceil-mib")) {
-            if (!td_arg_int(a, TAKE(), 16, 1 << 16, &o->ceil_mib)) return -1;
-        } else if (a[0] == '-' && a[1]) {
-            return fprintf(stderr, "tandem bench: unknown option '%s'\n", a), -1;
-        } else if (positional_n && o->n < 0) {
-            if (!td_arg_int("N", a, 1, 1 << 20, &o->n)) return -1;
-        } else if (!o->model) {
-            o->model = a;
-        } else {
-            return fprintf(stderr, "tandem bench: unexpected argument '%s'\n", a), -1;
-        }
-#undef TAKE
+    const char *batch = NULL;
+    const td_opt opts[] = {
+        {TD_OPT_S("model", &o->model, "MODEL", "the model, as the MODEL argument"), .shorts = "m"},
+        {TD_OPT_I("reps", &o->reps, 1, MAX_REPS, "R", "timed repetitions (default 3), after one untimed warm-up"), .shorts = "r"},
+        {TD_OPT_I("threads", &o->threads, 1, 1024, "T", "worker threads (default 2)"), .shorts = "t"},
+        {TD_OPT_S("backend", &o->backend, "NAME",
+                  "cpu, or a device backend of this build (listed below); default\n"
+                  "$TANDEM_BACKEND, else cpu")},
+        {TD_OPT_B("json", &o->json, "print one JSON object")},
+        {TD_OPT_S("batch", &batch, "1,4,16,64", "batched: sequences per forward batch (default 1,4,16,64)")},
+        {TD_OPT_I("n-gen", &o->n, 1, 1 << 20, "N", "batched: decode steps per sequence (default 32)"), .shorts = "n"},
+        {TD_OPT_I("n-prompt", &o->prompt, 0, 1 << 20, "P",
+                  "batched: prompt tokens per sequence, prefilled untimed (default 0)"), .shorts = "p"},
+        {TD_OPT_B("no-ceil", &o->no_ceil, "skip measuring the ceilings (no fractions reported)")},
+        {TD_OPT_F("ceil-gbs", &o->ceil_gbs, 1e-3, 1e6, "X", "use X GB/s as the bandwidth ceiling instead of measuring")},
+        {TD_OPT_F("ceil-gflops", &o->ceil_gflops, 1e-3, 1e9, "X", "use X GFLOP/s as the FP32 FMA ceiling instead of measuring")},
+        {TD_OPT_F("ceil-int8-giops", &o->ceil_int8, 1e-3, 1e9, "X",
+                  "... X GOP/s as the int8 VNNI ceiling (with --ceil-gbs and --ceil-gflops)")},
+        {TD_OPT_F("ceil-bf16-gflops", &o->ceil_bf16, 1e-3, 1e9, "X", "... X GFLOP/s as the BF16 dot-product ceiling (likewise)")},
+        {TD_OPT_I("ceil-mib", &o->ceil_mib, 16, 1 << 16, "M", "read-bandwidth buffer size in MiB (default 512)")},
+        {TD_OPT_CB("kv-cache-dtype", opt_kv_dtype, true, "T", "KV cache element type: auto (= f32), f32, f16 or bf16")},
+    };
+    char prog[64];
+    snprintf(prog, sizeof prog, "tandem bench %s", o->sub);
+    const td_opts t = {.prog = prog,
+                       .usage = BENCH_USAGE,
+                       .opts = opts,
+                       .n = (int)(sizeof opts / sizeof opts[0]),
+                       .epilog_fn = bench_epilog,
+                       .ctx = o,
+                       .max_pos = positional_n ? 2 : strcmp(o->sub, "ceilings") ? 1 : 0};
+    int n_pos = 0, pr = td_opts_parse(&t, argc - 1, argv + 1, &n_pos);
+    if (pr <= 0) return pr;
+    if (batch && !parse_batches(batch, o)) return -1;
+    int k = 0;
+    if (positional_n && k < n_pos && o->n < 0) {
+        long n;
+        if (!td_arg_int("N", argv[2 + k++], 1, 1 << 20, &n)) return -1;
+        o->n = n;
     }
+    if (k < n_pos) {
+        if (o->model) return fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[2 + k]), -1;
+        o->model = argv[2 + k++];
+    }
+    if (k < n_pos) return fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[2 + k]), -1;
     if (positional_n && o->n < 0) return fprintf(stderr, "tandem bench %s: expected N\n", o->sub), -1;
     if (!strcmp(o->sub, "batched") && o->n < 0) o->n = 32;
     if (strcmp(o->sub, "ceilings") && !o->model)

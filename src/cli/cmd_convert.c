@@ -10,26 +10,11 @@
 #include <string.h>
 
 #include "base/file.h"
+#include "base/opts.h"
 #include "base/log.h"
 #include "model/export.h"
 #include "model/gguf.h"
 #include "model/model.h"
-
-static void convert_usage(FILE *f) {
-    fprintf(f,
-            "usage: tandem convert MODEL -o OUT.gguf [--type f16|bf16|q8_0|q4_0|q5_0|q4_k|q6_k|q4_k_m|f32] [options]\n"
-            "       tandem convert MODEL --to hf -o DIR [--type f32|f16|bf16] [options]\n"
-            "  MODEL                 model directory (config.json + safetensors) or .gguf file\n"
-            "  -o, --out PATH        output GGUF file, or directory with --to hf\n"
-            "  --to gguf|hf          output format (default gguf)\n"
-            "  --type T              tensor type: GGUF f32, f16 (default), bf16, q8_0, q4_0, q5_0, q4_k,\n"
-            "                        q6_k, q4_k_m (matrices; norms and biases stay f32); hf f32\n"
-            "                        (default), f16, bf16\n"
-            "  --tokenizer PATH      tokenizer directory or tokenizer.json (default: MODEL's own, when\n"
-            "                        MODEL is a directory)\n"
-            "  --name NAME           GGUF general.name (default: the model directory's name)\n"
-            "  --max-shard-size N    hf: split safetensors beyond N bytes (suffixes K, M, G; e.g. 5G)\n");
-}
 
 // Parses "123", "64K", "500M", "5G", "5GB" (powers of 1000, as transformers does) into bytes.
 static int parse_size(const char *s, unsigned long long *out) {
@@ -57,39 +42,33 @@ static const char *base_name(const char *p, char *buf, size_t cap) {
 
 int td_cmd_convert(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *to = "gguf", *type_s = NULL, *tok = NULL, *name = NULL, *shard = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        const char **dst = NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            convert_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--out") || !strcmp(a, "--outfile")) dst = &out;
-        else if (!strcmp(a, "--to")) dst = &to;
-        else if (!strcmp(a, "--type") || !strcmp(a, "--outtype")) dst = &type_s;
-        else if (!strcmp(a, "--tokenizer")) dst = &tok;
-        else if (!strcmp(a, "--name")) dst = &name;
-        else if (!strcmp(a, "--max-shard-size")) dst = &shard;
-        else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "tandem convert: unknown option %s\n", a);
-            convert_usage(stderr);
-            return 2;
-        } else if (!model) {
-            model = a;
-            continue;
-        } else {
-            fprintf(stderr, "tandem convert: unexpected argument %s\n", a);
-            return 2;
-        }
-        if (!v) {
-            fprintf(stderr, "tandem convert: %s needs a value\n", a);
-            return 2;
-        }
-        *dst = v;
-        i++;
-    }
+    const td_opt opts[] = {
+        {TD_OPT_S("out", &out, "PATH", "output GGUF file, or directory with --to hf"), .aliases = "outfile", .shorts = "o"},
+        {TD_OPT_S("to", &to, "gguf|hf", "output format (default gguf)")},
+        {TD_OPT_S("type", &type_s, "T",
+                  "tensor type: GGUF f32, f16 (default), bf16, q8_0, q4_0, q5_0, q4_k,\n"
+                  "q6_k, q4_k_m (matrices; norms and biases stay f32); hf f32\n"
+                  "(default), f16, bf16"),
+         .aliases = "outtype"},
+        {TD_OPT_S("tokenizer", &tok, "PATH",
+                  "tokenizer directory or tokenizer.json (default: MODEL's own, when\n"
+                  "MODEL is a directory)")},
+        {TD_OPT_S("name", &name, "NAME", "GGUF general.name (default: the model directory's name)")},
+        {TD_OPT_S("max-shard-size", &shard, "N", "hf: split safetensors beyond N bytes (suffixes K, M, G; e.g. 5G)")},
+    };
+    const td_opts ot = {.prog = "tandem convert",
+                        .usage = "usage: tandem convert MODEL -o OUT.gguf [--type f16|bf16|q8_0|q4_0|q5_0|q4_k|q6_k|q4_k_m|f32] [options]\n"
+                                 "       tandem convert MODEL --to hf -o DIR [--type f32|f16|bf16] [options]\n"
+                                 "  MODEL                     model directory (config.json + safetensors) or .gguf file\n",
+                        .opts = opts,
+                        .n = (int)(sizeof opts / sizeof opts[0]),
+                        .max_pos = 1};
+    int n_pos = 0, pr = td_opts_parse(&ot, argc, argv, &n_pos);
+    if (pr <= 0) return pr == 0 ? 0 : 2;
+    if (n_pos) model = argv[1];
     if (!model || !out) {
         fprintf(stderr, "tandem convert: %s\n", !model ? "no MODEL given" : "no output given (-o PATH)");
-        convert_usage(stderr);
+        td_opts_help(&ot, stderr);
         return 2;
     }
     bool hf = !strcmp(to, "hf");
@@ -174,26 +153,21 @@ int td_cmd_convert(int argc, char **argv) {
 }
 
 int td_cmd_quantize(int argc, char **argv) {
+    bool requant = false;  // accepted for llama.cpp compatibility
+    const td_opt opts[] = {
+        {TD_OPT_B("allow-requantize", &requant, "accepted for llama.cpp compatibility (quantized inputs always are)")},
+    };
+    const td_opts ot = {.prog = "tandem quantize",
+                        .usage = "usage: tandem quantize IN.gguf OUT.gguf TYPE\n"
+                                 "  TYPE: f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q6_k, q4_k_m (llama.cpp's mix). Every tensor is dequantized to f32 and re-encoded:\n"
+                                 "  matrices in TYPE, vectors (norms, biases, rope_freqs) in f32. Metadata is copied.\n",
+                        .opts = opts,
+                        .n = (int)(sizeof opts / sizeof opts[0]),
+                        .max_pos = 3};
+    int np = 0, pr = td_opts_parse(&ot, argc, argv, &np);
+    if (pr <= 0) return pr == 0 ? 0 : 2;
     const char *pos[3] = {0};
-    int np = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: tandem quantize IN.gguf OUT.gguf TYPE\n"
-                   "  TYPE: f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q6_k, q4_k_m (llama.cpp's mix). Every tensor is dequantized to f32 and re-encoded:\n"
-                   "  matrices in TYPE, vectors (norms, biases, rope_freqs) in f32. Metadata is copied.\n");
-            return 0;
-        }
-        if (argv[i][0] == '-' && argv[i][1] && strcmp(argv[i], "--allow-requantize")) {
-            fprintf(stderr, "tandem quantize: unknown option %s\n", argv[i]);
-            return 2;
-        }
-        if (!strcmp(argv[i], "--allow-requantize")) continue;  // accepted for llama.cpp compatibility
-        if (np == 3) {
-            fprintf(stderr, "tandem quantize: unexpected argument %s\n", argv[i]);
-            return 2;
-        }
-        pos[np++] = argv[i];
-    }
+    for (int i = 0; i < np; i++) pos[i] = argv[1 + i];
     if (np != 3) {
         fprintf(stderr, "usage: tandem quantize IN.gguf OUT.gguf TYPE\n");
         return 2;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/png.h"
+#include "base/opts.h"
 #include "cli/cli.h"
 #include "model/model.h"
 #include "train/eval.h"
@@ -16,73 +17,57 @@
 
 // ---- eval ----
 
-static void eval_usage(void) {
-    fprintf(stderr,
-            "usage: tandem eval MODEL --data SHARD... [options]\n"
-            "  Mean negative log-likelihood and perplexity of MODEL (directory or .gguf) over token\n"
-            "  shards (`tandem data prepare`). Each shard is cut into non-overlapping windows of\n"
-            "  T+1 tokens starting at 0, T, 2T, ...; each window gives T predictions from an empty\n"
-            "  context (the trainer's validation loss).\n"
-            "  --data SHARD...     shard files (several after one --data, or --data repeated)\n"
-            "  --seq-len T         predictions per window (default min(256, model context))\n"
-            "  --batch B           windows per forward batch (default 4)\n"
-            "  --max-tokens N      stop after floor(N / T) windows (default: all)\n"
-            "  --threads N         forward threads (default: all CPUs)\n"
-            "  --json              print one JSON object instead of text\n");
+typedef struct {
+    const char **paths;
+    int n_paths;
+} eval_ctx;
+
+static bool opt_data(void *ctx, const td_opt *opt, const char *v) {
+    eval_ctx *c = ctx;
+    if (!*v) return fprintf(stderr, "tandem eval: --%s needs a value\n", opt->name), false;
+    c->paths[c->n_paths++] = v;
+    return true;
 }
 
 int td_cmd_eval(int argc, char **argv) {
     const char *model_path = NULL;
     const char **paths = calloc((size_t)argc + 1, sizeof *paths);
-    int n_paths = 0, in_data = 0, json = 0;
+    int n_paths = 0;
+    bool json = false;
     long seq_len = 0, batch = 4, threads = 0, max_tokens = 0;
     if (!paths) return 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int ok = 1;
-        if (!strcmp(a, "--data")) {
-            in_data = 1;
-            continue;
-        }
-        if (a[0] == '-' && a[1]) in_data = 0;
-        if (!strcmp(a, "--seq-len")) {
-            ok = td_arg_int(a, v, 1, 1L << 20, &seq_len);
-            i++;
-        } else if (!strcmp(a, "--batch")) {
-            ok = td_arg_int(a, v, 1, 4096, &batch);
-            i++;
-        } else if (!strcmp(a, "--threads")) {
-            ok = td_arg_int(a, v, 1, 1024, &threads);
-            i++;
-        } else if (!strcmp(a, "--max-tokens")) {
-            ok = td_arg_int(a, v, 1, 1L << 62, &max_tokens);
-            i++;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            eval_usage();
-            free(paths);
-            return 0;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "tandem: unknown option %s\n", a);
-            ok = 0;
-        } else if (in_data) {
-            paths[n_paths++] = a;
-        } else if (!model_path) {
-            model_path = a;
-        } else {
-            fprintf(stderr, "tandem: unexpected argument '%s' (shards go after --data)\n", a);
-            ok = 0;
-        }
-        if (!ok) {
-            eval_usage();
-            free(paths);
-            return 2;
-        }
+    eval_ctx ec = {.paths = paths};
+    const td_opt opts[] = {
+        {TD_OPT_CB("data", opt_data, true, "SHARD...", "shard files (several after one --data, or --data repeated)"),
+         .multi = true},
+        {TD_OPT_I("seq-len", &seq_len, 1, 1L << 20, "T", "predictions per window (default min(256, model context))")},
+        {TD_OPT_I("batch", &batch, 1, 4096, "B", "windows per forward batch (default 4)")},
+        {TD_OPT_I("max-tokens", &max_tokens, 1, 1L << 62, "N", "stop after floor(N / T) windows (default: all)")},
+        {TD_OPT_I("threads", &threads, 1, 1024, "N", "forward threads (default: all CPUs)")},
+        {TD_OPT_B("json", &json, "print one JSON object instead of text")},
+    };
+    const td_opts ot = {.prog = "tandem eval",
+                        .usage = "usage: tandem eval MODEL --data SHARD... [options]\n"
+                                 "  Mean negative log-likelihood and perplexity of MODEL (directory or .gguf) over token\n"
+                                 "  shards (`tandem data prepare`). Each shard is cut into non-overlapping windows of\n"
+                                 "  T+1 tokens starting at 0, T, 2T, ...; each window gives T predictions from an empty\n"
+                                 "  context (the trainer's validation loss).\n",
+                        .opts = opts,
+                        .n = (int)(sizeof opts / sizeof opts[0]),
+                        .ctx = &ec,
+                        .max_pos = -1};
+    int n_pos = 0, pr = td_opts_parse(&ot, argc, argv, &n_pos);
+    if (pr <= 0 || n_pos > 1) {
+        if (n_pos > 1) fprintf(stderr, "tandem: unexpected argument '%s' (shards go after --data)\n", argv[2]);
+        if (pr != 0) td_opts_help(&ot, stderr);
+        free(paths);
+        return pr == 0 ? 0 : 2;
     }
+    if (n_pos) model_path = argv[1];
+    n_paths = ec.n_paths;
     if (!model_path || !n_paths) {
         fprintf(stderr, "tandem: eval needs a MODEL and --data SHARD...\n");
-        eval_usage();
+        td_opts_help(&ot, stderr);
         free(paths);
         return 2;
     }
@@ -141,19 +126,6 @@ int td_cmd_eval(int argc, char **argv) {
 
 // ---- plot ----
 
-static void plot_usage(void) {
-    fprintf(stderr,
-            "usage: tandem plot LOG... -o OUT.png [options]\n"
-            "  Draws training curves from JSON-lines logs (one object per line with \"step\" and\n"
-            "  metrics such as \"loss\", \"val_loss\"). Each log gets a colour; metrics named val_*\n"
-            "  are drawn with markers. Malformed lines are skipped and counted.\n"
-            "  -o, --out OUT.png   output file (required)\n"
-            "  --metric A,B        metrics to draw (default loss,val_loss)\n"
-            "  --title TEXT        title above the plot\n"
-            "  --log-y             logarithmic y axis\n"
-            "  --width W --height H   image size in pixels (default 900 x 560)\n");
-}
-
 // The legend name of a log: its file name without directory and extension, or the whole path
 // when two logs share a file name.
 static void log_name(const char *const *logs, int n, int i, char *buf, size_t cap) {
@@ -179,54 +151,37 @@ int td_cmd_plot(int argc, char **argv) {
     int n_logs = 0;
     td_plot_params pp = td_plot_default_params();
     if (!logs) return 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long x;
-        int ok = 1;
-        if (!strcmp(a, "-o") || !strcmp(a, "--out") || !strcmp(a, "--title") ||
-            !strcmp(a, "--metric")) {
-            if (!v || !*v) {
-                fprintf(stderr, "tandem: %s needs a value\n", a);
-                ok = 0;
-            } else if (!strcmp(a, "--title")) {
-                title = v;
-            } else if (!strcmp(a, "--metric")) {
-                if (strlen(v) >= sizeof metric_buf) {
-                    fprintf(stderr, "tandem: --metric list too long\n");
-                    ok = 0;
-                } else {
-                    snprintf(metric_buf, sizeof metric_buf, "%s", v);
-                }
-            } else {
-                out = v;
-            }
-            i++;
-        } else if (!strcmp(a, "--width")) {
-            ok = td_arg_int(a, v, 200, 8192, &x);
-            pp.width = (int)x;
-            i++;
-        } else if (!strcmp(a, "--height")) {
-            ok = td_arg_int(a, v, 150, 8192, &x);
-            pp.height = (int)x;
-            i++;
-        } else if (!strcmp(a, "--log-y")) {
-            pp.log_y = true;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            plot_usage();
-            free(logs);
-            return 0;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "tandem: unknown option %s\n", a);
-            ok = 0;
-        } else {
-            logs[n_logs++] = a;
-        }
-        if (!ok) {
-            plot_usage();
-            free(logs);
-            return 2;
-        }
+    const char *metric = NULL;
+    const td_opt opts[] = {
+        {TD_OPT_S("out", &out, "OUT.png", "output file (required)"), .shorts = "o"},
+        {TD_OPT_S("metric", &metric, "A,B", "metrics to draw (default loss,val_loss)")},
+        {TD_OPT_S("title", &title, "TEXT", "title above the plot")},
+        {TD_OPT_B("log-y", &pp.log_y, "logarithmic y axis")},
+        {TD_OPT_I("width", &pp.width, 200, 8192, "W", "image width in pixels (default 900)")},
+        {TD_OPT_I("height", &pp.height, 150, 8192, "H", "image height in pixels (default 560)")},
+    };
+    const td_opts ot = {.prog = "tandem plot",
+                        .usage = "usage: tandem plot LOG... -o OUT.png [options]\n"
+                                 "  Draws training curves from JSON-lines logs (one object per line with \"step\" and\n"
+                                 "  metrics such as \"loss\", \"val_loss\"). Each log gets a colour; metrics named val_*\n"
+                                 "  are drawn with markers. Malformed lines are skipped and counted.\n",
+                        .opts = opts,
+                        .n = (int)(sizeof opts / sizeof opts[0]),
+                        .max_pos = -1};
+    int pr = td_opts_parse(&ot, argc, argv, &n_logs);
+    const char *empty = pr > 0 ? (out && !*out) ? "-o" : (title && !*title) ? "--title" : (metric && !*metric) ? "--metric" : NULL : NULL;
+    if (empty) fprintf(stderr, "tandem: %s needs a value\n", empty);
+    if (pr > 0 && !empty && metric && strlen(metric) >= sizeof metric_buf) {
+        fprintf(stderr, "tandem: --metric list too long\n");
+        empty = "--metric";
     }
+    if (pr <= 0 || empty) {
+        if (pr != 0) td_opts_help(&ot, stderr);
+        free(logs);
+        return pr == 0 ? 0 : 2;
+    }
+    for (int i = 0; i < n_logs; i++) logs[i] = argv[1 + i];
+    if (metric) snprintf(metric_buf, sizeof metric_buf, "%s", metric);
     const char *metrics[TD_PLOT_MAX_METRICS];
     int n_metrics = 0, bad_metrics = 0;
     for (char *tok = strtok(metric_buf, ", "); tok; tok = strtok(NULL, ", ")) {
@@ -239,7 +194,7 @@ int td_cmd_plot(int argc, char **argv) {
     if (!out || !n_logs || !n_metrics || bad_metrics) {
         fprintf(stderr, "tandem: plot needs LOG..., -o OUT.png and 1..%d metrics\n",
                 TD_PLOT_MAX_METRICS);
-        plot_usage();
+        td_opts_help(&ot, stderr);
         free(logs);
         return 2;
     }

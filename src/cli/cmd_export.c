@@ -12,26 +12,12 @@
 
 #include "base/file.h"
 #include "base/log.h"
+#include "base/opts.h"
 #include "model/export.h"
 #include "tokenizer/tokenizer.h"
 #include "train/ckpt.h"
 #include "train/tok_record.h"
 #include "train/train_run.h"
-
-static void export_usage(FILE *f) {
-    fprintf(f,
-            "usage: tandem export CKPT --to hf|gguf -o OUT [--type T] [--tokenizer DIR] [--name NAME]\n"
-            "  CKPT                  a checkpoint file (ckpt-<step>.tdck), a sharded checkpoint (the\n"
-            "                        ckpt-<step> directory a data-parallel run writes), or a\n"
-            "                        checkpoint directory (its newest checkpoint that verifies)\n"
-            "  --to hf|gguf          output format (default hf)\n"
-            "  -o, --out PATH        output directory (hf) or .gguf file\n"
-            "  --type T              hf: f32 (default), f16, bf16; gguf: f32, f16 (default), bf16, q8_0,\n"
-            "                        q4_0, q5_0, q4_k, q6_k, q4_k_m (matrices; norms stay f32)\n"
-            "  --tokenizer PATH      tokenizer directory or tokenizer.json to copy / embed (default: the\n"
-            "                        one the checkpoint records; refused when none is known)\n"
-            "  --name NAME           GGUF general.name (default: tandem)\n");
-}
 
 // The tokenizer recorded in a checkpoint's metadata, into buf: {"tokenizer": {"file":
 // "tokenizer.json", "xxh3": HEX}} names the copy `tandem train` put beside the checkpoint (in
@@ -74,38 +60,31 @@ static void make_parents(const char *path) {
 
 int td_cmd_export(int argc, char **argv) {
     const char *src = NULL, *out = NULL, *to = "hf", *type_s = NULL, *tok = NULL, *name = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        const char **dst = NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            export_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--out")) dst = &out;
-        else if (!strcmp(a, "--to")) dst = &to;
-        else if (!strcmp(a, "--type")) dst = &type_s;
-        else if (!strcmp(a, "--tokenizer")) dst = &tok;
-        else if (!strcmp(a, "--name")) dst = &name;
-        else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "tandem export: unknown option %s\n", a);
-            export_usage(stderr);
-            return 2;
-        } else if (!src) {
-            src = a;
-            continue;
-        } else {
-            fprintf(stderr, "tandem export: unexpected argument %s\n", a);
-            return 2;
-        }
-        if (!v) {
-            fprintf(stderr, "tandem export: %s needs a value\n", a);
-            return 2;
-        }
-        *dst = v;
-        i++;
-    }
+    const td_opt opts[] = {
+        {TD_OPT_S("to", &to, "hf|gguf", "output format (default hf)")},
+        {TD_OPT_S("out", &out, "PATH", "output directory (hf) or .gguf file"), .shorts = "o"},
+        {TD_OPT_S("type", &type_s, "T",
+                  "hf: f32 (default), f16, bf16; gguf: f32, f16 (default), bf16, q8_0,\n"
+                  "q4_0, q5_0, q4_k, q6_k, q4_k_m (matrices; norms stay f32)")},
+        {TD_OPT_S("tokenizer", &tok, "PATH",
+                  "tokenizer directory or tokenizer.json to copy / embed (default: the\n"
+                  "one the checkpoint records; refused when none is known)")},
+        {TD_OPT_S("name", &name, "NAME", "GGUF general.name (default: tandem)")},
+    };
+    const td_opts ot = {.prog = "tandem export",
+                        .usage = "usage: tandem export CKPT --to hf|gguf -o OUT [--type T] [--tokenizer DIR] [--name NAME]\n"
+                                 "  CKPT                      a checkpoint file (ckpt-<step>.tdck), a sharded checkpoint (the\n"
+                                 "                            ckpt-<step> directory a data-parallel run writes), or a\n"
+                                 "                            checkpoint directory (its newest checkpoint that verifies)\n",
+                        .opts = opts,
+                        .n = (int)(sizeof opts / sizeof opts[0]),
+                        .max_pos = 1};
+    int n_pos = 0, pr = td_opts_parse(&ot, argc, argv, &n_pos);
+    if (pr <= 0) return pr == 0 ? 0 : 2;
+    if (n_pos) src = argv[1];
     if (!src || !out) {
         fprintf(stderr, "tandem export: %s\n", !src ? "no checkpoint given" : "no output given (-o PATH)");
-        export_usage(stderr);
+        td_opts_help(&ot, stderr);
         return 2;
     }
     bool hf = !strcmp(to, "hf");

@@ -5,57 +5,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/opts.h"
 #include "cli/cli.h"
 #include "rl/rl.h"
 
 int td_cmd_rl_run(int argc, char **argv);
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tandem rl --config rl.json [options]\n"
-            "  GRPO post-training: rollouts through the serving engine, rewards from a task, a GRPO step\n"
-            "  in the trainer, the new weights synced back with a version number (docs/rl.md).\n"
-            "  --config FILE   the run (docs/rl.md lists every key)\n"
-            "  --resume        continue from the newest checkpoint in out_dir (synchronous runs\n"
-            "                  reproduce the uninterrupted run)\n"
-            "  --steps N       override \"steps\"\n"
-            "  --out DIR       override \"out_dir\"\n"
-            "  --threads N     override \"threads\"\n"
-            "other subcommands:\n"
-            "  tandem rl data  ...   SFT text of a task's problems\n"
-            "  tandem rl eval  ...   pass@1 / pass@k of a model on held-out problems\n");
-}
-
 int td_cmd_rl_run(int argc, char **argv) {
     const char *cfg_path = NULL, *out = NULL;
     long steps = -1, threads = -1;
     bool resume = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--resume")) {
-            resume = true;
-        } else if (!strcmp(a, "--config") && v) {
-            cfg_path = v, i++;
-        } else if (!strcmp(a, "--out") && v) {
-            out = v, i++;
-        } else if (!strcmp(a, "--steps") && v) {
-            if (!td_arg_int("--steps", v, 1, 1000000000L, &steps)) return 2;
-            i++;
-        } else if (!strcmp(a, "--threads") && v) {
-            if (!td_arg_int("--threads", v, 0, 1024, &threads)) return 2;
-            i++;
-        } else {
-            fprintf(stderr, "tandem rl: unknown or incomplete option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
+    const td_opt opts[] = {
+        {TD_OPT_S("config", &cfg_path, "FILE", "the run (docs/rl.md lists every key)")},
+        {TD_OPT_B("resume", &resume,
+                  "continue from the newest checkpoint in out_dir (synchronous runs\n"
+                  "reproduce the uninterrupted run)")},
+        {TD_OPT_I("steps", &steps, 1, 1000000000L, "N", "override \"steps\"")},
+        {TD_OPT_S("out", &out, "DIR", "override \"out_dir\"")},
+        {TD_OPT_I("threads", &threads, 0, 1024, "N", "override \"threads\"")},
+    };
+    const td_opts ot = {.prog = "tandem rl",
+                        .usage = "usage: tandem rl --config rl.json [options]\n"
+                                 "  GRPO post-training: rollouts through the serving engine, rewards from a task, a GRPO step\n"
+                                 "  in the trainer, the new weights synced back with a version number (docs/rl.md).\n",
+                        .opts = opts,
+                        .n = (int)(sizeof opts / sizeof opts[0]),
+                        .epilog = "other subcommands:\n"
+                                  "  tandem rl data  ...   SFT text of a task's problems\n"
+                                  "  tandem rl eval  ...   pass@1 / pass@k of a model on held-out problems\n",
+                        .max_pos = 0};
+    int n_pos = 0, pr = td_opts_parse(&ot, argc, argv, &n_pos);
+    if (pr < 0) td_opts_help(&ot, stderr);
+    if (pr <= 0) return pr == 0 ? 0 : 2;
     if (!cfg_path) {
         fprintf(stderr, "tandem rl: --config is required\n");
-        usage(stderr);
+        td_opts_help(&ot, stderr);
         return 2;
     }
     td_rl_config c;

@@ -10,113 +10,82 @@
 
 #include "backend/backend.h"
 #include "base/log.h"
+#include "base/opts.h"
 #include "cli/cli.h"
 #include "engine/sampler.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
-static void run_usage(FILE *f) {
-    fprintf(f,
-            "usage: tandem run [MODEL] [options]\n"
-            "  MODEL                 model directory (config.json + safetensors) or .gguf file\n"
-            "                        (default: the embedded model, docs/default-model.md)\n"
-            "  --prompt TEXT         prompt text (encoded with the model's tokenizer, BOS added as the\n"
-            "                        tokenizer specifies)\n"
-            "  --prompt-ids 1,2,3    prompt as token ids, used as given\n"
-            "  -n, --max-tokens N    tokens to generate (default 128)\n"
-            "  --temperature T       0 = greedy (default: generation_config.json's, else greedy)\n"
-            "  --top-k K, --top-p P, --min-p P\n"
-            "                        sampling filters (default: generation_config.json's, else off)\n"
-            "  --seed S              sampling seed (default: from the clock, printed on stderr)\n"
-            "  --ignore-eos          do not stop at end-of-sequence tokens\n"
-            "  --logprobs K          report the top K alternatives of each generated token\n"
-            "  --echo                also report log-probabilities of the prompt tokens\n"
-            "  --json                print one JSON object instead of streaming text\n"
-            "  --threads N           worker threads (default: all cores)\n"
-            "  --backend NAME        where the model runs: cpu, or a device backend of this build\n"
-            "                        (listed below); default $TANDEM_BACKEND, else cpu;\n"
-            "                        $TANDEM_DEVICE picks the device\n"
-            "  --batch N             prompt tokens per forward pass (default 256)\n"
-            "  --ctx N               context length (default: prompt + max tokens, capped by the model)\n"
-            TD_KV_DTYPE_HELP);
-    fprintf(f, "backends in this build: %s\n", td_backend_names());
-}
+static void run_epilog(FILE *f) { fprintf(f, "backends in this build: %s\n", td_backend_names()); }
 
 typedef struct {
-    const char *model, *prompt, *prompt_ids, *backend;
+    const char *model, *model_opt, *prompt, *prompt_ids, *backend;
     long max_tokens, top_k, logprobs, threads, batch, ctx;
     double temperature, top_p, min_p;
     bool has_temp, has_top_k, has_top_p, has_min_p, has_seed, ignore_eos, echo, json;
-    unsigned long long seed;
+    long long seed;
     td_dtype kv_dtype;
 } run_opts;
+
+static bool opt_kv_dtype(void *ctx, const td_opt *opt, const char *v) {
+    (void)opt;
+    return td_arg_kv_dtype("--kv-cache-dtype", v, &((run_opts *)ctx)->kv_dtype);
+}
 
 static int parse_opts(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
     o->max_tokens = 128;
     o->batch = 256;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define TAKE() (i++, v)
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            run_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--prompt")) {
-            if (!v) return fprintf(stderr, "tandem: --prompt needs a value\n"), -1;
-            o->prompt = TAKE();
-        } else if (!strcmp(a, "--prompt-ids")) {
-            if (!v) return fprintf(stderr, "tandem: --prompt-ids needs a value\n"), -1;
-            o->prompt_ids = TAKE();
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) {
-            if (!td_arg_int(a, TAKE(), 0, 1 << 24, &o->max_tokens)) return -1;
-        } else if (!strcmp(a, "--temperature")) {
-            if (!td_arg_float(a, TAKE(), 0, 100, &o->temperature)) return -1;
-            o->has_temp = true;
-        } else if (!strcmp(a, "--top-k")) {
-            if (!td_arg_int(a, TAKE(), 0, 1 << 30, &o->top_k)) return -1;
-            o->has_top_k = true;
-        } else if (!strcmp(a, "--top-p")) {
-            if (!td_arg_float(a, TAKE(), 1e-9, 1, &o->top_p)) return -1;
-            o->has_top_p = true;
-        } else if (!strcmp(a, "--min-p")) {
-            if (!td_arg_float(a, TAKE(), 0, 1, &o->min_p)) return -1;
-            o->has_min_p = true;
-        } else if (!strcmp(a, "--seed")) {
-            long s;
-            if (!td_arg_int(a, TAKE(), 0, 0x7fffffffffffffffL, &s)) return -1;
-            o->seed = (unsigned long long)s;
-            o->has_seed = true;
-        } else if (!strcmp(a, "--logprobs")) {
-            if (!td_arg_int(a, TAKE(), 0, 20, &o->logprobs)) return -1;
-        } else if (!strcmp(a, "--threads")) {
-            if (!td_arg_int(a, TAKE(), 1, 1024, &o->threads)) return -1;
-        } else if (!strcmp(a, "--backend")) {
-            if (!v) return fprintf(stderr, "tandem: --backend needs a value\n"), -1;
-            o->backend = TAKE();
-        } else if (!strcmp(a, "--batch")) {
-            if (!td_arg_int(a, TAKE(), 1, 1 << 16, &o->batch)) return -1;
-        } else if (!strcmp(a, "--ctx")) {
-            if (!td_arg_int(a, TAKE(), 1, 1 << 24, &o->ctx)) return -1;
-        } else if (!strcmp(a, "--kv-cache-dtype")) {
-            if (!td_arg_kv_dtype(a, TAKE(), &o->kv_dtype)) return -1;
-        } else if (!strcmp(a, "--ignore-eos")) {
-            o->ignore_eos = true;
-        } else if (!strcmp(a, "--echo")) {
-            o->echo = true;
-        } else if (!strcmp(a, "--json")) {
-            o->json = true;
-        } else if (a[0] == '-') {
-            fprintf(stderr, "tandem run: unknown option '%s' (see tandem run --help)\n", a);
-            return -1;
-        } else if (!o->model) {
-            o->model = a;
-        } else {
-            fprintf(stderr, "tandem run: unexpected argument '%s'\n", a);
-            return -1;
-        }
-#undef TAKE
+    const td_opt opts[] = {
+        {TD_OPT_S("model", &o->model_opt, "MODEL", "the model, as the MODEL argument (llama.cpp's -m)"), .shorts = "m"},
+        {TD_OPT_S("prompt", &o->prompt, "TEXT",
+                  "prompt text (encoded with the model's tokenizer, BOS added as the\n"
+                  "tokenizer specifies)"), .shorts = "p"},
+        {TD_OPT_S("prompt-ids", &o->prompt_ids, "1,2,3", "prompt as token ids, used as given")},
+        {TD_OPT_I("max-tokens", &o->max_tokens, 0, 1 << 24, "N", "tokens to generate (default 128)"), .shorts = "n"},
+        {TD_OPT_F("temperature", &o->temperature, 0, 100, "T",
+                  "0 = greedy (default: generation_config.json's, else greedy)"), .seen = &o->has_temp},
+        {TD_OPT_I("top-k", &o->top_k, 0, 1 << 30, "K",
+                  "sampling filter (default: generation_config.json's, else off)"), .seen = &o->has_top_k},
+        {TD_OPT_F("top-p", &o->top_p, 1e-9, 1, "P",
+                  "sampling filter (default: generation_config.json's, else off)"), .seen = &o->has_top_p},
+        {TD_OPT_F("min-p", &o->min_p, 0, 1, "P",
+                  "sampling filter (default: generation_config.json's, else off)"), .seen = &o->has_min_p},
+        {TD_OPT_I("seed", &o->seed, 0, 9.2e18, "S", "sampling seed (default: from the clock, printed on stderr)"),
+         .seen = &o->has_seed},
+        {TD_OPT_B("ignore-eos", &o->ignore_eos, "do not stop at end-of-sequence tokens")},
+        {TD_OPT_I("logprobs", &o->logprobs, 0, 20, "K", "report the top K alternatives of each generated token")},
+        {TD_OPT_B("echo", &o->echo, "also report log-probabilities of the prompt tokens")},
+        {TD_OPT_B("json", &o->json, "print one JSON object instead of streaming text")},
+        {TD_OPT_I("threads", &o->threads, 1, 1024, "N", "worker threads (default: all cores)"), .shorts = "t"},
+        {TD_OPT_S("backend", &o->backend, "NAME",
+                  "where the model runs: cpu, or a device backend of this build\n"
+                  "(listed below); default $TANDEM_BACKEND, else cpu;\n"
+                  "$TANDEM_DEVICE picks the device")},
+        {TD_OPT_I("batch", &o->batch, 1, 1 << 16, "N", "prompt tokens per forward pass (default 256)"), .shorts = "b"},
+        {TD_OPT_I("ctx", &o->ctx, 1, 1 << 24, "N", "context length (default: prompt + max tokens, capped by the model)"),
+         .aliases = "ctx-size max-model-len", .shorts = "c"},
+        {TD_OPT_CB("kv-cache-dtype", opt_kv_dtype, true, "T",
+                   "KV cache element type: auto (= f32), f32, f16 or bf16; f16/bf16\n"
+                   "halve the cache's bytes per token (docs/engine.md)")},
+    };
+    const td_opts t = {.prog = "tandem run",
+                       .usage = "usage: tandem run [MODEL] [options]\n"
+                                "  MODEL                     model directory (config.json + safetensors) or .gguf file\n"
+                                "                            (default: the embedded model, docs/default-model.md)\n",
+                       .opts = opts,
+                       .n = (int)(sizeof opts / sizeof opts[0]),
+                       .epilog_fn = run_epilog,
+                       .ctx = o,
+                       .max_pos = 1};
+    int n_pos = 0;
+    int r = td_opts_parse(&t, argc, argv, &n_pos);
+    if (r <= 0) return r;
+    if (n_pos) o->model = argv[1];
+    if (o->model_opt) {
+        if (o->model) return fprintf(stderr, "tandem run: give the model once: MODEL or -m/--model\n"), -1;
+        o->model = o->model_opt;
     }
     if (!o->prompt == !o->prompt_ids)
         return fprintf(stderr, "tandem run: give exactly one of --prompt or --prompt-ids\n"), -1;
@@ -275,7 +244,7 @@ int td_cmd_run(int argc, char **argv) {
     sp.top_k = o.has_top_k ? (int)o.top_k : c->gen_top_k >= 0 ? c->gen_top_k : 0;
     sp.top_p = o.has_top_p ? (float)o.top_p : c->gen_top_p > 0 ? c->gen_top_p : 1.0f;
     sp.min_p = o.has_min_p ? (float)o.min_p : c->gen_min_p >= 0 ? c->gen_min_p : 0.0f;
-    unsigned long long seed = o.has_seed ? o.seed : (unsigned long long)time(NULL) ^ (unsigned long long)clock();
+    unsigned long long seed = o.has_seed ? (unsigned long long)o.seed : (unsigned long long)time(NULL) ^ (unsigned long long)clock();
     td_rng rng;
     td_rng_seed(&rng, seed);
     if (sp.temperature > 0 && !o.has_seed && !o.json) TD_LOGI("seed %llu", seed);

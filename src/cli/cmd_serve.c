@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "base/file.h"
 #include "base/log.h"
+#include "base/opts.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "model/model.h"
@@ -19,58 +20,16 @@
 #include "server/wsync.h"
 #include "tokenizer/tokenizer.h"
 
-static void serve_usage(FILE *f) {
-    fprintf(f,
-            "usage: tandem serve [MODEL] [options]\n"
-            "  MODEL                    model directory (config.json + safetensors) or .gguf file\n"
-            "                           (default: the embedded model, docs/default-model.md)\n"
-            "  --host ADDR              IPv4 address to bind (default 127.0.0.1)\n"
-            "  --port N                 TCP port (default 8000; 0 = any free port, printed at start)\n"
-            "  --kv-cache-memory BYTES  KV cache budget, suffixes K, M, G allowed (default: a quarter of\n"
-            "                           available memory, at most what --max-seqs full contexts use)\n"
-            "  --max-batched-tokens N   tokens per engine step, decodes and prefill chunks (default 512)\n"
-            "  --max-seqs N             sequences running at once (default 32)\n"
-            "  --max-model-len N        context length (default: the model's)\n"
-            "  --block-size N           tokens per KV block (default 16)\n"
-            "  --kv-cache-dtype T       KV cache element type: auto (= f32), f32, f16 or bf16; f16/bf16\n"
-            "                           hold twice the tokens in the same --kv-cache-memory\n"
-            "  --served-model-name NAME[,NAME...]  model ids clients use (default: MODEL's last path\n"
-            "                           component); the first is reported, all are accepted\n"
-            "  --alias NAME             one more accepted model id (llama-server's name)\n"
-            "  --allowed-origins LIST   CORS: '*' or comma-separated origins allowed to call the API\n"
-            "  --log-prompts            the per-request log line also carries the prompt text\n"
-            "  --tool-call-parser P     auto (default: chosen from the chat template), hermes,\n"
-            "                           llama3_json or none\n"
-            "  --chat-template FILE     Jinja chat template overriding the tokenizer's\n"
-            "  --no-prefix-caching      do not reuse KV of shared prompt prefixes\n"
-            "  --threads N              forward threads (default: all cores)\n"
-            "  --backend NAME           where the model runs: cpu, or a device backend of this build\n"
-            "                           (listed below); default $TANDEM_BACKEND, else cpu;\n"
-            "                           $TANDEM_DEVICE picks the device\n"
-            "  --shutdown-timeout S     seconds in-flight requests may finish after SIGTERM (default 5)\n"
-            "  --logprobs-mode M        raw (default: log_softmax of the model's logits) or processed (the\n"
-            "                           distribution sampled from, after penalties, temperature and\n"
-            "                           top-k/top-p/min-p); requests override it with \"logprobs_mode\"\n"
-            "  --api-key KEY            require \"Authorization: Bearer KEY\" on every route but /health\n"
-            "                           (default $TANDEM_API_KEY; none when unset)\n"
-            "weight sync (docs/server.md; `tandem weights push`):\n"
-            "  --enable-weight-sync     accept new weights over /v1/weights/* (costs a copy of the\n"
-            "                           weights for the engine plus a staging copy in the wire dtype)\n"
-            "  --weight-sync-dtype T    wire and staging dtype: f32 (default) or bf16 (half the memory)\n"
-            "  --weight-sync-max-bucket-mb N  largest bucket body, MiB (default 256)\n"
-            "  --weight-sync-timeout S  an idle sync session expires after S seconds; also the deadline\n"
-            "                           of applying a commit (default 60)\n"
-            "  --weight-sync-shm        also take buckets by reference to a shared-memory file\n"
-            "                           /dev/shm/tandem-* (clients on this host: `weights push --shm`)\n");
-    fprintf(f, "backends in this build: %s\n", td_backend_names());
-}
+static void serve_epilog(FILE *f) { fprintf(f, "backends in this build: %s\n", td_backend_names()); }
 
 typedef struct {
-    const char *model, *host, *name, *chat_template, *backend;
-    long port, max_batched, max_seqs, max_len, block_size, threads, shutdown_s;
+    const char *model, *model_opt, *host, *name, *chat_template, *backend;
+    long port, max_batched, max_seqs, max_len, block_size, threads, shutdown_s, max_logprobs;
+    long long seed;
     size_t kv_bytes;
-    bool no_prefix;
-    bool logprobs_processed;
+    double gpu_util;
+    bool no_prefix, has_seed, has_gpu_util, has_max_logprobs, has_api_key, logprobs_processed;
+    int logprobs_mode, tool_parser, ws_dtype_idx;
     td_dtype kv_dtype;
     const char *api_key;
     const char *aliases[16];  // --served-model-name's names after the first, and --alias
@@ -82,22 +41,33 @@ typedef struct {
     long ws_bucket_mb, ws_timeout_s;
 } serve_opts;
 
-static int parse_bytes(const char *name, const char *v, size_t *out) {
-    if (!v) return fprintf(stderr, "tandem: %s needs a value\n", name), 0;
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    double mul = 1;
-    if (*end == 'K' || *end == 'k') mul = 1024.0, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1024.0 * 1024, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1024.0 * 1024 * 1024, end++;
-    if (*end == 'i' || *end == 'B') end++;
-    if (*end == 'B') end++;
-    if (errno || end == v || *end || !(x > 0) || x * mul > 1e15)
-        return fprintf(stderr, "tandem: %s expects a positive byte count (e.g. 268435456 or 256M), got '%s'\n", name, v), 0;
-    *out = (size_t)(x * mul);
-    return 1;
+static bool opt_kv_dtype(void *ctx, const td_opt *opt, const char *v) {
+    serve_opts *o = ctx;
+    char name[64];
+    snprintf(name, sizeof name, "--%s", opt->name);
+    return td_arg_kv_dtype(name, v, &o->kv_dtype);
 }
+
+// Comma-separated names (and, vLLM's form, several arguments); the first --served-model-name
+// names the engine, the rest alias it. argv is writable: strtok_r splits it in place.
+static bool opt_names(void *ctx, const td_opt *opt, const char *v) {
+    serve_opts *o = ctx;
+    if (!*v) return fprintf(stderr, "tandem serve: --%s needs a value\n", opt->name), false;
+    const bool served = !strcmp(opt->name, "served-model-name");
+    for (char *save = NULL, *t = strtok_r((char *)v, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!*t) continue;
+        if (!o->name && served) {
+            o->name = t;
+        } else if (o->n_aliases < (int)(sizeof o->aliases / sizeof o->aliases[0])) {
+            o->aliases[o->n_aliases++] = t;
+        } else {
+            return fprintf(stderr, "tandem serve: at most 16 model aliases\n"), false;
+        }
+    }
+    return true;
+}
+
+static const char *const tool_parsers[] = {"auto", "hermes", "llama3_json", "none"};
 
 static int parse_opts(int argc, char **argv, serve_opts *o) {
     memset(o, 0, sizeof *o);
@@ -108,96 +78,111 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
     o->ws_dtype = TD_F32;
     o->ws_bucket_mb = 256;
     o->ws_timeout_s = 60;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define TAKE() (i++, v)
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            serve_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--host")) {
-            if (!v) return fprintf(stderr, "tandem: --host needs a value\n"), -1;
-            o->host = TAKE();
-        } else if (!strcmp(a, "--port")) {
-            if (!td_arg_int(a, TAKE(), 0, 65535, &o->port)) return -1;
-        } else if (!strcmp(a, "--kv-cache-memory")) {
-            if (!parse_bytes(a, TAKE(), &o->kv_bytes)) return -1;
-        } else if (!strcmp(a, "--max-batched-tokens") || !strcmp(a, "--max-num-batched-tokens")) {
-            if (!td_arg_int(a, TAKE(), 1, 1 << 20, &o->max_batched)) return -1;
-        } else if (!strcmp(a, "--max-seqs") || !strcmp(a, "--max-num-seqs")) {
-            if (!td_arg_int(a, TAKE(), 1, 4096, &o->max_seqs)) return -1;
-        } else if (!strcmp(a, "--max-model-len")) {
-            if (!td_arg_int(a, TAKE(), 2, 1 << 24, &o->max_len)) return -1;
-        } else if (!strcmp(a, "--kv-cache-dtype")) {
-            if (!td_arg_kv_dtype(a, TAKE(), &o->kv_dtype)) return -1;
-        } else if (!strcmp(a, "--block-size")) {
-            if (!td_arg_int(a, TAKE(), 1, 1024, &o->block_size)) return -1;
-        } else if (!strcmp(a, "--threads")) {
-            if (!td_arg_int(a, TAKE(), 1, 1024, &o->threads)) return -1;
-        } else if (!strcmp(a, "--backend")) {
-            if (!v) return fprintf(stderr, "tandem: --backend needs a value\n"), -1;
-            o->backend = TAKE();
-        } else if (!strcmp(a, "--shutdown-timeout")) {
-            if (!td_arg_int(a, TAKE(), 0, 3600, &o->shutdown_s)) return -1;
-        } else if (!strcmp(a, "--served-model-name") || !strcmp(a, "--alias")) {
-            if (!v || !*v) return fprintf(stderr, "tandem: %s needs a value\n", a), -1;
-            // comma-separated names; the first --served-model-name names the engine, the rest alias it
-            char *names = argv[++i];  // argv is writable; strtok_r splits it in place
-            for (char *save = NULL, *t = strtok_r(names, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (!*t) continue;
-                if (!o->name && !strcmp(a, "--served-model-name")) {
-                    o->name = t;
-                } else if (o->n_aliases < (int)(sizeof o->aliases / sizeof o->aliases[0])) {
-                    o->aliases[o->n_aliases++] = t;
-                } else {
-                    return fprintf(stderr, "tandem serve: at most 16 model aliases\n"), -1;
-                }
-            }
-        } else if (!strcmp(a, "--allowed-origins")) {
-            if (!v) return fprintf(stderr, "tandem: --allowed-origins needs a value\n"), -1;
-            o->allowed_origins = TAKE();
-        } else if (!strcmp(a, "--log-prompts")) {
-            o->log_prompts = true;
-        } else if (!strcmp(a, "--tool-call-parser")) {
-            if (!v || (strcmp(v, "auto") && strcmp(v, "hermes") && strcmp(v, "llama3_json") && strcmp(v, "none")))
-                return fprintf(stderr, "tandem serve: --tool-call-parser must be auto, hermes, llama3_json or none\n"), -1;
-            o->tool_call_parser = TAKE();
-        } else if (!strcmp(a, "--chat-template")) {
-            if (!v) return fprintf(stderr, "tandem: --chat-template needs a file\n"), -1;
-            o->chat_template = TAKE();
-        } else if (!strcmp(a, "--no-prefix-caching") || !strcmp(a, "--no-enable-prefix-caching")) {
-            o->no_prefix = true;
-        } else if (!strcmp(a, "--logprobs-mode")) {
-            if (v && (!strcmp(v, "raw") || !strcmp(v, "raw_logprobs"))) o->logprobs_processed = false;
-            else if (v && (!strcmp(v, "processed") || !strcmp(v, "processed_logprobs"))) o->logprobs_processed = true;
-            else return fprintf(stderr, "tandem serve: --logprobs-mode must be raw or processed\n"), -1;
-            i++;
-        } else if (!strcmp(a, "--api-key")) {
-            if (!v || !*v) return fprintf(stderr, "tandem: --api-key needs a value\n"), -1;
-            o->api_key = TAKE();
-        } else if (!strcmp(a, "--enable-weight-sync")) {
-            o->weight_sync = true;
-        } else if (!strcmp(a, "--weight-sync-shm")) {
-            o->ws_shm = true;
-        } else if (!strcmp(a, "--weight-sync-dtype")) {
-            if (!v || (strcmp(v, "f32") && strcmp(v, "bf16")))
-                return fprintf(stderr, "tandem: --weight-sync-dtype must be f32 or bf16\n"), -1;
-            o->ws_dtype = !strcmp(TAKE(), "bf16") ? TD_BF16 : TD_F32;
-        } else if (!strcmp(a, "--weight-sync-max-bucket-mb")) {
-            if (!td_arg_int(a, TAKE(), 1, 1 << 16, &o->ws_bucket_mb)) return -1;
-        } else if (!strcmp(a, "--weight-sync-timeout")) {
-            if (!td_arg_int(a, TAKE(), 1, 86400, &o->ws_timeout_s)) return -1;
-        } else if (a[0] == '-') {
-            fprintf(stderr, "tandem serve: unknown option '%s' (see tandem serve --help)\n", a);
-            return -1;
-        } else if (!o->model) {
-            o->model = a;
-        } else {
-            fprintf(stderr, "tandem serve: unexpected argument '%s'\n", a);
-            return -1;
-        }
-#undef TAKE
+    o->tool_parser = -1;
+    const td_opt opts[] = {
+        {TD_OPT_S("model", &o->model_opt, "MODEL", "the model, as the MODEL argument (llama-server's -m)"), .shorts = "m"},
+        {TD_OPT_S("host", &o->host, "ADDR", "IPv4 address to bind (default 127.0.0.1)")},
+        {TD_OPT_I("port", &o->port, 0, 65535, "N", "TCP port (default 8000; 0 = any free port, printed at start)")},
+        {TD_OPT_BYTES_("kv-cache-memory", &o->kv_bytes, "BYTES",
+                       "KV cache budget, suffixes K, M, G allowed (default: a quarter of\n"
+                       "available memory, at most what --max-seqs full contexts use)")},
+        {TD_OPT_F("gpu-memory-utilization", &o->gpu_util, 1e-6, 1, "F",
+                  "KV cache budget as a fraction in (0, 1] of the memory available at start\n"
+                  "(MemAvailable; device backends too: they report no free memory),\n"
+                  "at most what --max-seqs full contexts use (default 0.25);\n"
+                  "giving it with --kv-cache-memory is an error"),
+         .seen = &o->has_gpu_util},
+        {TD_OPT_I("max-batched-tokens", &o->max_batched, 1, 1 << 20, "N",
+                  "tokens per engine step, decodes and prefill chunks (default 512)"),
+         .aliases = "max-num-batched-tokens"},
+        {TD_OPT_I("max-seqs", &o->max_seqs, 1, 4096, "N", "sequences running at once (default 32)"),
+         .aliases = "max-num-seqs", .shorts = "np"},
+        {TD_OPT_I("max-model-len", &o->max_len, 2, 1 << 24, "N", "context length (default: the model's)"),
+         .aliases = "ctx-size", .shorts = "c"},
+        {TD_OPT_I("block-size", &o->block_size, 1, 1024, "N", "tokens per KV block (default 16)")},
+        {TD_OPT_CB("kv-cache-dtype", opt_kv_dtype, true, "T",
+                   "KV cache element type: auto (= f32), f32, f16 or bf16; f16/bf16\n"
+                   "hold twice the tokens in the same --kv-cache-memory")},
+        {TD_OPT_CB("served-model-name", opt_names, true, "NAME[,NAME...]",
+                   "model ids clients use (default: MODEL's last path component);\n"
+                   "the first is reported, all are accepted; also vLLM's\n"
+                   "space-separated form --served-model-name a b (give MODEL first)"),
+         .multi = true},
+        {TD_OPT_CB("alias", opt_names, true, "NAME", "one more accepted model id (llama-server's name)")},
+        {TD_OPT_S("allowed-origins", &o->allowed_origins, "LIST",
+                  "CORS: '*' or comma-separated origins allowed to call the API")},
+        {TD_OPT_B("log-prompts", &o->log_prompts, "the per-request log line also carries the prompt text")},
+        {TD_OPT_C("tool-call-parser", &o->tool_parser, "auto hermes llama3_json none", "P",
+                  "auto (default: chosen from the chat template), hermes,\n"
+                  "llama3_json or none")},
+        {TD_OPT_S("chat-template", &o->chat_template, "T",
+                  "Jinja chat template overriding the tokenizer's: a file, or when no\n"
+                  "file of that name exists, the template text itself (as vLLM)")},
+        {TD_OPT_B("no-prefix-caching", &o->no_prefix, "do not reuse KV of shared prompt prefixes"),
+         .aliases = "no-enable-prefix-caching"},
+        {TD_OPT_NB("enable-prefix-caching", &o->no_prefix, "reuse KV of shared prompt prefixes (the default)")},
+        {TD_OPT_I("seed", &o->seed, 0, 9.2e18, "N",
+                  "requests without \"seed\" get the i-th output of splitmix64 from\n"
+                  "state N, i = 0, 1, ... counting such requests, so a server started\n"
+                  "again with the same N samples them alike (default: random)"),
+         .seen = &o->has_seed},
+        {TD_OPT_I("max-logprobs", &o->max_logprobs, 0, 20, "N",
+                  "the most logprobs / top_logprobs alternatives a request may ask\n"
+                  "(default and most: 20); more is a 400"),
+         .seen = &o->has_max_logprobs},
+        {TD_OPT_I("threads", &o->threads, 1, 1024, "N", "forward threads (default: all cores)"), .shorts = "t"},
+        {TD_OPT_S("backend", &o->backend, "NAME",
+                  "where the model runs: cpu, or a device backend of this build\n"
+                  "(listed below); default $TANDEM_BACKEND, else cpu;\n"
+                  "$TANDEM_DEVICE picks the device")},
+        {TD_OPT_I("shutdown-timeout", &o->shutdown_s, 0, 3600, "S",
+                  "seconds in-flight requests may finish after SIGTERM (default 5)")},
+        {TD_OPT_C("logprobs-mode", &o->logprobs_mode, "raw raw_logprobs processed processed_logprobs", "M",
+                  "raw (default: log_softmax of the model's logits) or processed (the\n"
+                  "distribution sampled from, after penalties, temperature and\n"
+                  "top-k/top-p/min-p); requests override it with \"logprobs_mode\"")},
+        {TD_OPT_S("api-key", &o->api_key, "KEY",
+                  "require \"Authorization: Bearer KEY\" on every route but /health\n"
+                  "(default $TANDEM_API_KEY; none when unset)"),
+         .seen = &o->has_api_key},
+        {TD_OPT_SEC("weight sync (docs/server.md; `tandem weights push`):")},
+        {TD_OPT_B("enable-weight-sync", &o->weight_sync,
+                  "accept new weights over /v1/weights/* (costs a copy of the\n"
+                  "weights for the engine plus a staging copy in the wire dtype)")},
+        {TD_OPT_C("weight-sync-dtype", &o->ws_dtype_idx, "f32 bf16", "T",
+                  "wire and staging dtype: f32 (default) or bf16 (half the memory)")},
+        {TD_OPT_I("weight-sync-max-bucket-mb", &o->ws_bucket_mb, 1, 1 << 16, "N", "largest bucket body, MiB (default 256)")},
+        {TD_OPT_I("weight-sync-timeout", &o->ws_timeout_s, 1, 86400, "S",
+                  "an idle sync session expires after S seconds; also the deadline\n"
+                  "of applying a commit (default 60)")},
+        {TD_OPT_B("weight-sync-shm", &o->ws_shm,
+                  "also take buckets by reference to a shared-memory file\n"
+                  "/dev/shm/tandem-* (clients on this host: `weights push --shm`)")},
+    };
+    const td_opts t = {.prog = "tandem serve",
+                       .usage = "usage: tandem serve [MODEL] [options]\n"
+                                "  MODEL                     model directory (config.json + safetensors) or .gguf file\n"
+                                "                            (default: the embedded model, docs/default-model.md)\n",
+                       .opts = opts,
+                       .n = (int)(sizeof opts / sizeof opts[0]),
+                       .epilog_fn = serve_epilog,
+                       .ctx = o,
+                       .max_pos = 1};
+    int n_pos = 0;
+    int r = td_opts_parse(&t, argc, argv, &n_pos);
+    if (r <= 0) return r;
+    if (n_pos) o->model = argv[1];
+    if (o->model_opt) {
+        if (o->model) return fprintf(stderr, "tandem serve: give the model once: MODEL or -m/--model\n"), -1;
+        o->model = o->model_opt;
     }
+    if (!*o->host) return fprintf(stderr, "tandem serve: --host needs a value\n"), -1;
+    if (o->has_api_key && !*o->api_key) return fprintf(stderr, "tandem serve: --api-key needs a value\n"), -1;
+    if (o->tool_parser >= 0) o->tool_call_parser = tool_parsers[o->tool_parser];
+    o->logprobs_processed = o->logprobs_mode >= 2;
+    o->ws_dtype = o->ws_dtype_idx == 1 ? TD_BF16 : TD_F32;
+    if (o->has_gpu_util && o->kv_bytes)
+        return fprintf(stderr, "tandem serve: give --kv-cache-memory or --gpu-memory-utilization, not both\n"), -1;
     if (o->max_batched && o->max_seqs && o->max_batched < o->max_seqs)
         return fprintf(stderr, "tandem serve: --max-batched-tokens must be >= --max-seqs\n"), -1;
     return 1;
@@ -267,7 +252,9 @@ int td_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "tandem serve: cannot load the tokenizer: %s\n", err.msg);
         goto done;
     }
-    if (o.chat_template) {
+    if (o.chat_template && access(o.chat_template, F_OK) != 0) {  // not a file: the template text (vLLM)
+        if (!(tmpl = strdup(o.chat_template))) goto done;
+    } else if (o.chat_template) {
         size_t len = 0;
         if (td_read_file(o.chat_template, 1 << 20, &tmpl, &len, &err) != TD_OK) {
             fprintf(stderr, "tandem serve: --chat-template: %s\n", err.msg);
@@ -277,6 +264,7 @@ int td_cmd_serve(int argc, char **argv) {
     td_eng_params ep = td_eng_default_params();
     ep.model_name = o.name;
     ep.kv_cache_bytes = o.kv_bytes;
+    if (o.has_gpu_util) ep.kv_cache_fraction = o.gpu_util;
     ep.kv_cache_dtype = o.kv_dtype;
     if (o.max_batched) ep.max_batched_tokens = (int)o.max_batched;
     if (o.max_seqs) ep.max_seqs = (int)o.max_seqs;
@@ -309,6 +297,9 @@ int td_cmd_serve(int argc, char **argv) {
     sp.host = o.host;
     sp.port = (int)o.port;
     sp.limits.default_logprobs_processed = o.logprobs_processed;
+    if (o.has_max_logprobs) sp.limits.max_logprobs = (int)o.max_logprobs;
+    sp.has_default_seed = o.has_seed;
+    sp.default_seed = (uint64_t)o.seed;
     sp.api_key = o.api_key && *o.api_key ? o.api_key : NULL;
     sp.weight_sync = ws;
     sp.model_aliases = o.aliases;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/file.h"
+#include "base/opts.h"
 #include "cli/cli.h"
 #include "tokenizer/tokenizer.h"
 
@@ -36,31 +37,28 @@ static char *read_stream(FILE *f, size_t *len) {
     return NULL;
 }
 
-static void tokenize_usage(FILE *f) {
-    fprintf(f,
-            "usage: tandem tokenize PATH [TEXT | --file F] [--json] [--no-special]\n"
-            "  PATH: model directory, tokenizer.json, tokenizer-only directory or .gguf\n"
-            "  TEXT is encoded as given; without TEXT or --file, stdin is read.\n"
-            "  Prints ids separated by spaces, or with --json {\"ids\": [...], \"tokens\": [...]}.\n"
-            "  --no-special: do not add BOS/EOS (added tokens in the text are still matched).\n");
-}
-
 int td_cmd_tokenize(int argc, char **argv) {
     const char *path = NULL, *text = NULL, *file = NULL;
-    bool json = false, special = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) json = true;
-        else if (!strcmp(argv[i], "--no-special")) special = false;
-        else if (!strcmp(argv[i], "--file") && i + 1 < argc) file = argv[++i];
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return tokenize_usage(stdout), 0;
-        else if (!strncmp(argv[i], "--", 2) && strcmp(argv[i], "--")) {
-            fprintf(stderr, "tokenize: unknown option %s\n", argv[i]);
-            return tokenize_usage(stderr), 2;
-        } else if (!path) path = argv[i];
-        else if (!text) text = argv[i];
-        else return tokenize_usage(stderr), 2;
-    }
-    if (!path || (text && file)) return tokenize_usage(stderr), 2;
+    bool json = false, no_special = false;
+    const td_opt opts[] = {
+        {TD_OPT_S("file", &file, "F", "encode the contents of file F (instead of TEXT or stdin)")},
+        {TD_OPT_B("json", &json, "print {\"ids\": [...], \"tokens\": [...]} instead of ids")},
+        {TD_OPT_B("no-special", &no_special, "do not add BOS/EOS (added tokens in the text are still matched)")},
+    };
+    const td_opts t = {.prog = "tandem tokenize",
+                       .usage = "usage: tandem tokenize PATH [TEXT | --file F] [--json] [--no-special]\n"
+                                "  PATH: model directory, tokenizer.json, tokenizer-only directory or .gguf\n"
+                                "  TEXT is encoded as given; without TEXT or --file, stdin is read.\n"
+                                "  Prints ids separated by spaces.\n",
+                       .opts = opts,
+                       .n = (int)(sizeof opts / sizeof opts[0]),
+                       .max_pos = 2};
+    int n_pos = 0, pr = td_opts_parse(&t, argc, argv, &n_pos);
+    if (pr <= 0) return pr == 0 ? 0 : 2;
+    const bool special = !no_special;
+    if (n_pos > 0) path = argv[1];
+    if (n_pos > 1) text = argv[2];
+    if (!path || (text && file)) return td_opts_help(&t, stderr), 2;
     td_err err = {0};
     char *buf = NULL;
     size_t len = 0;
@@ -107,13 +105,6 @@ int td_cmd_tokenize(int argc, char **argv) {
     td_tokenizer_free(tok);
     free(buf);
     return rc;
-}
-
-static void detokenize_usage(FILE *f) {
-    fprintf(f,
-            "usage: tandem detokenize PATH [ID...] [--skip-special]\n"
-            "  Without IDs, reads ids from stdin: whitespace/comma separated, or JSON ([...] or {\"ids\": [...]}).\n"
-            "  Prints the decoded text exactly (no newline added).\n");
 }
 
 // Appends the ids found in s (numbers separated by anything non-numeric, or JSON) to *v.
@@ -166,21 +157,30 @@ int td_cmd_detokenize(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n = 0, cap = 0;
     bool any_arg_ids = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--skip-special")) skip = true;
-        else if (!strcmp(argv[i], "--json")) continue;  // stdin JSON is detected by content
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return detokenize_usage(stdout), 0;
-        else if (!path) path = argv[i];
-        else {
-            any_arg_ids = true;
-            if (parse_ids(argv[i], &ids, &n, &cap)) {
-                fprintf(stderr, "detokenize: bad id list '%s'\n", argv[i]);
-                free(ids);
-                return 2;
-            }
+    bool json = false;
+    const td_opt opts[] = {
+        {TD_OPT_B("skip-special", &skip, "leave special tokens out of the text")},
+        {TD_OPT_B("json", &json, "accepted for symmetry with tokenize: JSON on stdin is detected by content")},
+    };
+    const td_opts t = {.prog = "tandem detokenize",
+                       .usage = "usage: tandem detokenize PATH [ID...] [--skip-special]\n"
+                                "  Without IDs, reads ids from stdin: whitespace/comma separated, or JSON ([...] or {\"ids\": [...]}).\n"
+                                "  Prints the decoded text exactly (no newline added).\n",
+                       .opts = opts,
+                       .n = (int)(sizeof opts / sizeof opts[0]),
+                       .max_pos = -1};
+    int n_pos = 0, pr = td_opts_parse(&t, argc, argv, &n_pos);
+    if (pr <= 0) return pr == 0 ? 0 : 2;
+    if (n_pos > 0) path = argv[1];
+    for (int i = 2; i <= n_pos; i++) {
+        any_arg_ids = true;
+        if (parse_ids(argv[i], &ids, &n, &cap)) {
+            fprintf(stderr, "detokenize: bad id list '%s'\n", argv[i]);
+            free(ids);
+            return 2;
         }
     }
-    if (!path) return detokenize_usage(stderr), 2;
+    if (!path) return td_opts_help(&t, stderr), 2;
     if (!any_arg_ids) {
         size_t len;
         char *in = read_stream(stdin, &len);

@@ -9,50 +9,15 @@
 
 #include "backend/backend.h"
 #include "base/file.h"
+#include "base/opts.h"
 #include "cli/cli.h"
 #include "dist/world.h"
 #include "train/tok_record.h"
 #include "train/train_run.h"
 
-static void usage(FILE *f) {
-    fprintf(
-        f,
-        "usage: tandem train [options] SHARD...\n"
-        "  Trains on token shards (from `tandem data prepare`) and writes checkpoints to --out.\n"
-        "model (from scratch unless --model):\n"
-        "  --model DIR         start from an HF model directory or .gguf file\n"
-        "  --dim N (128)  --layers N (4)  --heads N (4)  --kv-heads N (= heads)  --head-dim N "
-        "(dim/heads)\n"
-        "  --ffn N (3 * dim)   --vocab N (the shards')  --untied  --rope-theta X (10000)\n"
-        "  --init-std X        normal init std (0.02)\n"
-        "step:\n"
-        "  --batch N (4)  --seq-len N (128)  --accum N (1)  --steps N (1000)\n"
-        "  --lr X (3e-4)  --min-lr X (lr/10)  --warmup N (steps/20)  --clip X (1.0; 0 = off)\n"
-        "  --wd X (0.1)  --beta1 X (0.9)  --beta2 X (0.95)  --eps X (1e-8)\n"
-        "  --bf16          bf16 matmul operands, f32 accumulation and master weights\n"
-        "data parallel (under mpirun -np N; docs/training.md):\n"
-        "  --batch is the global batch (divided among the ranks); --accum is per rank\n"
-        "  --zero S (0)    0: all-reduce gradients; 1: shard the optimizer state (ZeRO-1);\n"
-        "                  2: also the gradients and their accumulator (ZeRO-2)\n"
-        "  --bucket-mb X (25)  gradient bucket size: each bucket's reduction overlaps backward\n"
-        "  --grad-ring N (0)  ZeRO-2: backward writes buckets into N bucket-sized buffers instead of a\n"
-        "                  full-size gradient (0: 2 where that is smaller; -1: the full-size one)\n"
-        "  --comm-timeout S (300)  seconds any wait on another rank may take before the job fails\n"
-        "  --recompute     recompute layer activations in backward (less memory)\n"
-        "config:\n"
-        "  --config FILE   a JSON object of options: keys are the flag names without '--'\n"
-        "                  ({\"dim\": 256, \"bf16\": true, \"shards\": [\"a.tdsh\"], \"val\": [...]});\n"
-        "                  flags on the command line override it\n"
-        "run:\n"
-        "  --out DIR       checkpoint directory    --ckpt-every N (0: only at the end)\n"
-        "  --keep N (3)    checkpoints kept        --resume   continue from the newest in --out\n"
-        "  --allow-changed-config  --resume with batch x accum, seq-len, lr schedule, AdamW, clip,\n"
-        "                  seed or precision unlike the checkpoint's: warn and record (else refused)\n"
-        "  --seed N (1)    --threads N (all CPUs; the cpu backend's)\n"
-        "  --backend NAME  where the model, gradients, activations and optimizer state live and\n"
-        "                  every slot runs (default $TANDEM_BACKEND, else cpu); this build has:\n"
-        "                  %s. Checkpoints are the same files whichever backend wrote them\n",
-        td_backend_names());
+static void train_epilog(FILE *f) {
+    fprintf(f, "backends in this build: %s. Checkpoints are the same files whichever backend wrote them\n",
+            td_backend_names());
 }
 
 static int td_cmd_train_args(int argc, char **argv);
@@ -64,7 +29,9 @@ static int td_cmd_train_args(int argc, char **argv);
 static char **expand_config(int argc, char **argv, int *out_argc, cJSON **store) {
     const char *path = NULL;
     for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--config")) {
+        if (!strncmp(argv[i], "--config=", 9)) {
+            path = argv[i] + 9;
+        } else if (!strcmp(argv[i], "--config")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "tandem train: --config needs a file\n");
                 return NULL;
@@ -147,6 +114,7 @@ static char **expand_config(int argc, char **argv, int *out_argc, cJSON **store)
             i++;
             continue;
         }
+        if (!strncmp(argv[i], "--config=", 9)) continue;
         out[n++] = argv[i];
     }
     *out_argc = n;
@@ -165,6 +133,18 @@ int td_cmd_train(int argc, char **argv) {
     return rc;
 }
 
+typedef struct {
+    const char **vals;
+    int n_val;
+} train_ctx;
+
+static bool opt_val(void *ctx, const td_opt *opt, const char *v) {
+    train_ctx *c = ctx;
+    if (!*v) return fprintf(stderr, "tandem train: --%s needs a value\n", opt->name), false;
+    c->vals[c->n_val++] = v;
+    return true;
+}
+
 static int td_cmd_train_args(int argc, char **argv) {
     td_train_run_params p = td_train_run_default_params();
     const char **shards = calloc((size_t)argc + 1, sizeof *shards);
@@ -174,133 +154,115 @@ static int td_cmd_train_args(int argc, char **argv) {
         free(vals);
         return 1;
     }
-    int n_val = 0;
-    int n = 0, kv = 0, hd = 0, ffn = 0, warm = -1;
+    int n = 0, kv = 0, hd = 0, ffn = 0, warm = -1, gemm = -1;
     double min_lr = -1, bucket_mb = 25, comm_timeout = TD_COMM_DEFAULT_TIMEOUT_MS / 1000.0;
-    int ok = 1;
-    for (int i = 1; ok && i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long x = 0;
-        double d = 0;
-#define INT(flag, lo, hi, dst)             \
-    else if (!strcmp(a, flag)) {           \
-        ok = td_arg_int(a, v, lo, hi, &x); \
-        dst = x;                           \
-        i++;                               \
+    bool untied = false, bf16 = false, recompute = false, resume = false, allow_changed = false;
+    const char *config = NULL;
+    train_ctx tc = {.vals = vals};
+    const td_opt opts[] = {
+        {TD_OPT_SEC("model (from scratch unless --model):")},
+        {TD_OPT_S("model", &p.model_dir, "DIR", "start from an HF model directory or .gguf file")},
+        {TD_OPT_I("dim", &p.cfg.dim, 2, 1 << 16, "N", "model width (128)")},
+        {TD_OPT_I("layers", &p.cfg.n_layers, 1, 1024, "N", "layers (4)")},
+        {TD_OPT_I("heads", &p.cfg.n_heads, 1, 1024, "N", "attention heads (4)")},
+        {TD_OPT_I("kv-heads", &kv, 1, 1024, "N", "key/value heads (= heads)")},
+        {TD_OPT_I("head-dim", &hd, 2, 512, "N", "per-head width (dim/heads)")},
+        {TD_OPT_I("ffn", &ffn, 1, 1 << 20, "N", "MLP width (3 * dim)")},
+        {TD_OPT_I("vocab", &p.cfg.vocab_size, 1, 1 << 24, "N", "vocabulary (the shards')")},
+        {TD_OPT_B("untied", &untied, "an output head of its own (default: tied to the embeddings)")},
+        {TD_OPT_F("rope-theta", &p.cfg.rope_theta, 1, 1e9, "X", "RoPE base (10000)")},
+        {TD_OPT_F("init-std", &p.init_std, 0, 10, "X", "normal init std (0.02)")},
+        {TD_OPT_SEC("step:")},
+        {TD_OPT_I("batch", &p.model.batch, 1, 1 << 16, "N", "sequences per step (4)")},
+        {TD_OPT_I("seq-len", &p.model.seq_len, 1, 1 << 20, "N", "tokens per sequence (128)")},
+        {TD_OPT_I("accum", &p.trainer.grad_accum, 1, 1 << 16, "N", "gradient accumulation micro-steps (1)")},
+        {TD_OPT_I("steps", &p.steps, 1, 1L << 30, "N", "optimizer steps (1000)")},
+        {TD_OPT_F("lr", &p.trainer.lr.max_lr, 0, 10, "X", "peak learning rate (3e-4)")},
+        {TD_OPT_F("min-lr", &min_lr, 0, 10, "X", "final learning rate of the cosine schedule (lr/10)")},
+        {TD_OPT_I("warmup", &warm, 0, 1L << 30, "N", "linear warmup steps (steps/20)")},
+        {TD_OPT_F("clip", &p.trainer.grad_clip, 0, 1e9, "X", "gradient norm clip (1.0; 0 = off)")},
+        {TD_OPT_F("wd", &p.trainer.adam.weight_decay, 0, 10, "X", "AdamW weight decay (0.1)")},
+        {TD_OPT_F("beta1", &p.trainer.adam.beta1, 0, 0.999999, "X", "AdamW beta1 (0.9)")},
+        {TD_OPT_F("beta2", &p.trainer.adam.beta2, 0, 0.999999999, "X", "AdamW beta2 (0.95)")},
+        {TD_OPT_F("eps", &p.trainer.adam.eps, 0, 1, "X", "AdamW epsilon (1e-8)")},
+        {TD_OPT_B("bf16", &bf16, "bf16 matmul operands, f32 accumulation and master weights")},
+        {TD_OPT_C("gemm", &gemm, "kernels dnnl", "G",
+                  "matmuls: kernels (default: tandem's own) or dnnl (oneDNN, when built in)")},
+        {TD_OPT_SEC("data parallel (under mpirun -np N; docs/training.md):\n"
+                    "  --batch is the global batch (divided among the ranks); --accum is per rank")},
+        {TD_OPT_I("zero", &p.trainer.zero, 0, 2, "S",
+                  "0: all-reduce gradients (default); 1: shard the optimizer state\n"
+                  "(ZeRO-1); 2: also the gradients and their accumulator (ZeRO-2)")},
+        {TD_OPT_F("bucket-mb", &bucket_mb, 0.001, 1 << 20, "X",
+                  "gradient bucket size (25): each bucket's reduction overlaps backward")},
+        {TD_OPT_I("grad-ring", &p.trainer.grad_ring, -1, TD_TRAINER_MAX_RING, "N",
+                  "ZeRO-2: backward writes buckets into N bucket-sized buffers instead\n"
+                  "of a full-size gradient (0, default: 2 where that is smaller;\n"
+                  "-1: the full-size one)")},
+        {TD_OPT_F("comm-timeout", &comm_timeout, 0.001, 1e6, "S",
+                  "seconds any wait on another rank may take before the job fails (300)")},
+        {TD_OPT_B("recompute", &recompute, "recompute layer activations in backward (less memory)")},
+        {TD_OPT_SEC("config:")},
+        {TD_OPT_S("config", &config, "FILE",
+                  "a JSON object of options: keys are the flag names without '--'\n"
+                  "({\"dim\": 256, \"bf16\": true, \"shards\": [\"a.tdsh\"], \"val\": [...]});\n"
+                  "flags on the command line override it")},
+        {TD_OPT_SEC("evaluation:")},
+        {TD_OPT_CB("val", opt_val, true, "SHARD", "a validation shard (repeat for more)")},
+        {TD_OPT_I("eval-every", &p.eval_every, 0, 1L << 40, "N", "validation loss every N steps and at the end (0, default: only\n"
+                  "at the end; with --val)")},
+        {TD_OPT_I("eval-batches", &p.eval_batches, 1, 1 << 20, "N", "batches of B x T per validation pass, from the start of the val\n"
+                  "shards (8)")},
+        {TD_OPT_S("metrics", &p.metrics_path, "FILE", "also write one JSON line of metrics per step to FILE")},
+        {TD_OPT_SEC("run:")},
+        {TD_OPT_S("out", &p.out_dir, "DIR", "checkpoint directory")},
+        {TD_OPT_I("ckpt-every", &p.ckpt_every, 0, 1L << 40, "N", "checkpoint every N steps (0: only at the end)")},
+        {TD_OPT_I("keep", &p.keep, 0, 1 << 20, "N", "checkpoints kept (3)")},
+        {TD_OPT_B("resume", &resume, "continue from the newest checkpoint in --out")},
+        {TD_OPT_B("allow-changed-config", &allow_changed,
+                  "--resume with batch x accum, seq-len, lr schedule, AdamW, clip,\n"
+                  "seed or precision unlike the checkpoint's: warn and record (else refused)")},
+        {TD_OPT_I("seed", &p.seed, 0, 1L << 62, "N", "initialization and data order seed (1)")},
+        {TD_OPT_I("threads", &p.model.n_threads, 0, 4096, "N", "the cpu backend's threads (all CPUs)")},
+        {TD_OPT_S("backend", &p.model.backend_name, "NAME",
+                  "where the model, gradients, activations and optimizer state live and\n"
+                  "every slot runs (default $TANDEM_BACKEND, else cpu)")},
+    };
+    const td_opts t = {.prog = "tandem train",
+                       .usage = "usage: tandem train [options] SHARD...\n"
+                                "  Trains on token shards (from `tandem data prepare`) and writes checkpoints to --out.\n",
+                       .opts = opts,
+                       .n = (int)(sizeof opts / sizeof opts[0]),
+                       .epilog_fn = train_epilog,
+                       .ctx = &tc,
+                       .max_pos = -1};
+    int pr = td_opts_parse(&t, argc, argv, &n);
+    int ok = pr > 0;
+    if (pr == 0) {
+        free(shards);
+        free(vals);
+        return 0;
     }
-#define FLT(flag, lo, hi, dst)               \
-    else if (!strcmp(a, flag)) {             \
-        ok = td_arg_float(a, v, lo, hi, &d); \
-        dst = d;                             \
-        i++;                                 \
+    for (int i = 0; ok && i < n; i++) shards[i] = argv[1 + i];
+    const char *empty = !p.model_dir || *p.model_dir ? (!p.out_dir || *p.out_dir ? NULL : "--out") : "--model";
+    if (ok && (empty || (p.metrics_path && !*p.metrics_path) || (p.model.backend_name && !*p.model.backend_name))) {
+        fprintf(stderr, "tandem train: %s needs a value\n",
+                empty ? empty : p.metrics_path && !*p.metrics_path ? "--metrics" : "--backend");
+        ok = 0;
     }
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            free(shards);
-            free(vals);
-            return 0;
-        }
-        INT("--dim", 2, 1 << 16, p.cfg.dim)
-        INT("--layers", 1, 1024, p.cfg.n_layers)
-        INT("--heads", 1, 1024, p.cfg.n_heads)
-        INT("--kv-heads", 1, 1024, kv)
-        INT("--head-dim", 2, 512, hd)
-        INT("--ffn", 1, 1 << 20, ffn)
-        INT("--vocab", 1, 1 << 24, p.cfg.vocab_size)
-        FLT("--rope-theta", 1, 1e9, p.cfg.rope_theta)
-        FLT("--init-std", 0, 10, p.init_std)
-        INT("--batch", 1, 1 << 16, p.model.batch)
-        INT("--seq-len", 1, 1 << 20, p.model.seq_len)
-        INT("--accum", 1, 1 << 16, p.trainer.grad_accum)
-        INT("--steps", 1, 1L << 30, p.steps)
-        FLT("--lr", 0, 10, p.trainer.lr.max_lr)
-        FLT("--min-lr", 0, 10, min_lr)
-        INT("--warmup", 0, 1L << 30, warm)
-        FLT("--clip", 0, 1e9, p.trainer.grad_clip)
-        FLT("--wd", 0, 10, p.trainer.adam.weight_decay)
-        FLT("--beta1", 0, 0.999999, p.trainer.adam.beta1)
-        FLT("--beta2", 0, 0.999999999, p.trainer.adam.beta2)
-        FLT("--eps", 0, 1, p.trainer.adam.eps)
-        INT("--ckpt-every", 0, 1L << 40, p.ckpt_every)
-        INT("--keep", 0, 1 << 20, p.keep)
-        INT("--eval-every", 0, 1L << 40, p.eval_every)
-        INT("--eval-batches", 1, 1 << 20, p.eval_batches)
-        INT("--seed", 0, 1L << 62, p.seed)
-        INT("--threads", 0, 4096, p.model.n_threads)
-        INT("--zero", 0, 2, p.trainer.zero)
-        FLT("--bucket-mb", 0.001, 1 << 20, bucket_mb)
-        INT("--grad-ring", -1, TD_TRAINER_MAX_RING, p.trainer.grad_ring)
-        FLT("--comm-timeout", 0.001, 1e6, comm_timeout)
-        else if (!strcmp(a, "--untied")) p.cfg.tie_embeddings = false;
-        else if (!strcmp(a, "--bf16")) p.model.precision = TD_TRAIN_BF16;
-        else if (!strcmp(a, "--recompute")) p.model.recompute = 1;
-        else if (!strcmp(a, "--resume")) p.resume = 1;
-        else if (!strcmp(a, "--allow-changed-config")) p.allow_changed = 1;
-        else if (!strcmp(a, "--gemm")) {
-            if (v && !strcmp(v, "dnnl")) {
-                p.model.gemm = TD_TRAIN_GEMM_DNNL;
-            } else if (v && !strcmp(v, "kernels")) {
-                p.model.gemm = TD_TRAIN_GEMM_KERNELS;
-            } else {
-                fprintf(stderr, "tandem: --gemm expects kernels or dnnl\n");
-                ok = 0;
-            }
-            i++;
-        }
-        else if (!strcmp(a, "--val")) {
-            if (!v || !*v) {
-                fprintf(stderr, "tandem: --val needs a value\n");
-                ok = 0;
-            } else {
-                vals[n_val++] = v;
-            }
-            i++;
-        }
-        else if (!strcmp(a, "--metrics")) {
-            if (!v || !*v) {
-                fprintf(stderr, "tandem: --metrics needs a value\n");
-                ok = 0;
-            } else {
-                p.metrics_path = v;
-            }
-            i++;
-        }
-        else if (!strcmp(a, "--backend")) {
-            if (!v || !*v) {
-                fprintf(stderr, "tandem: --backend needs a value\n");
-                ok = 0;
-            } else {
-                p.model.backend_name = v;
-            }
-            i++;
-        }
-        else if (!strcmp(a, "--model") || !strcmp(a, "--out")) {
-            if (!v || !*v) {
-                fprintf(stderr, "tandem: %s needs a value\n", a);
-                ok = 0;
-            } else if (a[2] == 'm') {
-                p.model_dir = v;
-            } else {
-                p.out_dir = v;
-            }
-            i++;
-        }
-        else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "tandem train: unknown option '%s'\n", a);
-            ok = 0;
-        }
-        else {
-            shards[n++] = a;
-        }
-#undef INT
-#undef FLT
-    }
+    if (untied) p.cfg.tie_embeddings = false;
+    if (bf16) p.model.precision = TD_TRAIN_BF16;
+    if (recompute) p.model.recompute = 1;
+    if (allow_changed) p.allow_changed = 1;
+    if (resume) p.resume = 1;
+    if (gemm >= 0) p.model.gemm = gemm == 1 ? TD_TRAIN_GEMM_DNNL : TD_TRAIN_GEMM_KERNELS;
+    int n_val = tc.n_val;
     if (ok && n == 0) {
         fprintf(stderr, "tandem train: no shard files given\n");
         ok = 0;
     }
     if (!ok) {
-        usage(stderr);
+        td_opts_help(&t, stderr);
         free(shards);
         free(vals);
         return 2;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "base/file.h"
+#include "base/opts.h"
 #include "base/log.h"
 #include "cli/cli.h"
 #include "tokenizer/tokenizer.h"
@@ -15,21 +16,13 @@
 #include "train/shards.h"
 #include "train/tok_record.h"
 
-static void tokenizer_train_usage(void) {
-    fprintf(stderr,
-            "usage: tandem tokenizer train [options] FILE...\n"
-            "  Learns a byte-level BPE tokenizer (Llama 3 pre-tokenizer) from UTF-8 text files and "
-            "writes\n"
-            "  OUT/tokenizer.json and OUT/tokenizer_config.json.\n"
-            "  --vocab-size N      total tokens incl. 256 bytes and special tokens (default 4096)\n"
-            "  --min-frequency N   stop when the best pair occurs fewer than N times (default 2)\n"
-            "  --bos TOK | --no-bos   beginning-of-text token (default <|bos|>)\n"
-            "  --eos TOK | --no-eos   end-of-text token (default <|eos|>)\n"
-            "  --pad TOK           padding token (default none)\n"
-            "  --special TOK       a further special token (repeatable)\n"
-            "  --no-add-bos        do not prepend bos when encoding with special tokens\n"
-            "  --max-length N      model_max_length in tokenizer_config.json (default 2048)\n"
-            "  --out DIR           output directory (required)\n");
+static bool opt_special(void *ctx, const td_opt *opt, const char *v) {
+    td_bpe_params *p = ctx;
+    if (!*v) return fprintf(stderr, "tandem tokenizer train: --%s needs a value\n", opt->name), false;
+    if (p->n_special == TD_BPE_MAX_SPECIAL)
+        return fprintf(stderr, "tandem: at most %d --special tokens\n", TD_BPE_MAX_SPECIAL), false;
+    p->special[p->n_special++] = v;
+    return true;
 }
 
 int td_cmd_tokenizer_train(int argc, char **argv) {
@@ -38,68 +31,52 @@ int td_cmd_tokenizer_train(int argc, char **argv) {
     const char **files = calloc((size_t)argc + 1, sizeof *files);
     int nfiles = 0;
     if (!files) return 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long x;
-        int ok = 1;
-        if (!strcmp(a, "--vocab-size")) {
-            ok = td_arg_int(a, v, 257, 1 << 24, &x);
-            p.vocab_size = (int)x;
-            i++;
-        } else if (!strcmp(a, "--min-frequency")) {
-            ok = td_arg_int(a, v, 1, 1L << 40, &x);
-            p.min_frequency = x;
-            i++;
-        } else if (!strcmp(a, "--max-length")) {
-            ok = td_arg_int(a, v, 1, 1L << 30, &x);
-            p.model_max_length = (int)x;
-            i++;
-        } else if (!strcmp(a, "--bos") || !strcmp(a, "--eos") || !strcmp(a, "--pad") ||
-                   !strcmp(a, "--special") || !strcmp(a, "--out")) {
-            if (!v || !*v) {
-                fprintf(stderr, "tandem: %s needs a value\n", a);
-                ok = 0;
-            } else if (a[2] == 'b') {
-                p.bos = v;
-            } else if (a[2] == 'e') {
-                p.eos = v;
-            } else if (a[2] == 'p') {
-                p.pad = v;
-            } else if (a[2] == 'o') {
-                out = v;
-            } else if (p.n_special == TD_BPE_MAX_SPECIAL) {
-                fprintf(stderr, "tandem: at most %d --special tokens\n", TD_BPE_MAX_SPECIAL);
-                ok = 0;
-            } else {
-                p.special[p.n_special++] = v;
-            }
-            i++;
-        } else if (!strcmp(a, "--no-bos")) {
-            p.bos = NULL;
-            p.add_bos = false;
-        } else if (!strcmp(a, "--no-eos")) {
-            p.eos = NULL;
-        } else if (!strcmp(a, "--no-add-bos")) {
-            p.add_bos = false;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            tokenizer_train_usage();
-            free(files);
-            return 0;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "tandem: unknown option %s\n", a);
-            ok = 0;
-        } else {
-            files[nfiles++] = a;
-        }
-        if (!ok) {
-            tokenizer_train_usage();
-            free(files);
-            return 2;
-        }
+    bool no_bos = false, no_eos = false, no_add_bos = false;
+    const td_opt opts[] = {
+        {TD_OPT_I("vocab-size", &p.vocab_size, 257, 1 << 24, "N",
+                  "total tokens incl. 256 bytes and special tokens (default 4096)")},
+        {TD_OPT_I("min-frequency", &p.min_frequency, 1, 1L << 40, "N",
+                  "stop when the best pair occurs fewer than N times (default 2)")},
+        {TD_OPT_S("bos", &p.bos, "TOK", "beginning-of-text token (default <|bos|>)")},
+        {TD_OPT_B("no-bos", &no_bos, "no beginning-of-text token")},
+        {TD_OPT_S("eos", &p.eos, "TOK", "end-of-text token (default <|eos|>)")},
+        {TD_OPT_B("no-eos", &no_eos, "no end-of-text token")},
+        {TD_OPT_S("pad", &p.pad, "TOK", "padding token (default none)")},
+        {TD_OPT_CB("special", opt_special, true, "TOK", "a further special token (repeatable)")},
+        {TD_OPT_B("no-add-bos", &no_add_bos, "do not prepend bos when encoding with special tokens")},
+        {TD_OPT_I("max-length", &p.model_max_length, 1, 1L << 30, "N",
+                  "model_max_length in tokenizer_config.json (default 2048)")},
+        {TD_OPT_S("out", &out, "DIR", "output directory (required)")},
+    };
+    const td_opts ot = {.prog = "tandem tokenizer train",
+                        .usage = "usage: tandem tokenizer train [options] FILE...\n"
+                                 "  Learns a byte-level BPE tokenizer (Llama 3 pre-tokenizer) from UTF-8 text files and writes\n"
+                                 "  OUT/tokenizer.json and OUT/tokenizer_config.json.\n",
+                        .opts = opts,
+                        .n = (int)(sizeof opts / sizeof opts[0]),
+                        .ctx = &p,
+                        .max_pos = -1};
+    int pr = td_opts_parse(&ot, argc, argv, &nfiles);
+    if (pr <= 0) {
+        if (pr < 0) td_opts_help(&ot, stderr);
+        free(files);
+        return pr == 0 ? 0 : 2;
     }
+    for (int i = 0; i < nfiles; i++) files[i] = argv[1 + i];
+    const char *empty = (p.bos && !*p.bos) ? "--bos" : (p.eos && !*p.eos) ? "--eos" : (p.pad && !*p.pad) ? "--pad"
+                        : (out && !*out) ? "--out" : NULL;
+    if (empty) {
+        fprintf(stderr, "tandem: %s needs a value\n", empty);
+        td_opts_help(&ot, stderr);
+        free(files);
+        return 2;
+    }
+    if (no_bos) p.bos = NULL, p.add_bos = false;
+    if (no_eos) p.eos = NULL;
+    if (no_add_bos) p.add_bos = false;
     if (!out || !nfiles) {
         fprintf(stderr, "tandem: tokenizer train needs --out DIR and at least one input file\n");
-        tokenizer_train_usage();
+        td_opts_help(&ot, stderr);
         free(files);
         return 2;
     }
@@ -138,24 +115,6 @@ int td_cmd_tokenizer_train(int argc, char **argv) {
     return 0;
 }
 
-static void data_prepare_usage(void) {
-    fprintf(stderr,
-            "usage: tandem data prepare --tokenizer PATH --out DIR [options] FILE...\n"
-            "  Tokenizes UTF-8 text files into binary token shards DIR/NAME-train-NNNNNN.tdsh and\n"
-            "  DIR/NAME-val-NNNNNN.tdsh (uint16 ids when the vocabulary fits, else uint32).\n"
-            "  --tokenizer PATH    tokenizer.json, its directory, or a .gguf file\n"
-            "  --name NAME         file name stem (default data)\n"
-            "  --docs MODE         document boundaries: blank (blank lines, default), line, file\n"
-            "  --sep MODE          eos (after each document, default), bos (before), none\n"
-            "  --val-fraction F    share for validation, 0..1 (default 0.01)\n"
-            "  --split MODE        docs (each document by seeded hash, default) or tokens "
-            "(token-balanced)\n"
-            "  --seed N            seed of the document split (default 1234)\n"
-            "  --shard-tokens N    tokens per shard file (default 67108864)\n"
-            "  --threads N         encoder threads (default: online CPUs); output does not depend "
-            "on it\n");
-}
-
 int td_cmd_data_prepare(int argc, char **argv) {
     td_shard_prepare_params p = td_shard_prepare_default_params();
     p.val_fraction = 0.01;
@@ -165,78 +124,42 @@ int td_cmd_data_prepare(int argc, char **argv) {
     const char **files = calloc((size_t)argc + 1, sizeof *files);
     int nfiles = 0;
     if (!files) return 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int ok = 1;
-        long x;
-        double d;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            data_prepare_usage();
-            free(files);
-            return 0;
-        } else if (a[0] == '-' && a[1] && !v) {
-            fprintf(stderr, "tandem: %s needs a value\n", a);
-            ok = 0;
-        } else if (!strcmp(a, "--tokenizer")) {
-            tok_path = argv[++i];
-        } else if (!strcmp(a, "--out")) {
-            p.out_dir = argv[++i];
-        } else if (!strcmp(a, "--name")) {
-            p.name = argv[++i];
-        } else if (!strcmp(a, "--sep")) {
-            sep = argv[++i];
-            ok = !strcmp(sep, "eos") || !strcmp(sep, "bos") || !strcmp(sep, "none");
-            if (!ok) fprintf(stderr, "tandem: --sep expects eos, bos or none\n");
-        } else if (!strcmp(a, "--docs")) {
-            v = argv[++i];
-            if (!strcmp(v, "blank"))
-                p.docs = TD_SHARD_DOC_BLANK_LINE;
-            else if (!strcmp(v, "line"))
-                p.docs = TD_SHARD_DOC_LINE;
-            else if (!strcmp(v, "file"))
-                p.docs = TD_SHARD_DOC_FILE;
-            else {
-                fprintf(stderr, "tandem: --docs expects blank, line or file\n");
-                ok = 0;
-            }
-        } else if (!strcmp(a, "--split")) {
-            v = argv[++i];
-            if (!strcmp(v, "docs"))
-                p.split = TD_SHARD_SPLIT_DOCS;
-            else if (!strcmp(v, "tokens"))
-                p.split = TD_SHARD_SPLIT_TOKENS;
-            else {
-                fprintf(stderr, "tandem: --split expects docs or tokens\n");
-                ok = 0;
-            }
-        } else if (!strcmp(a, "--val-fraction")) {
-            ok = td_arg_float(a, argv[++i], 0, 1, &d);
-            p.val_fraction = d;
-        } else if (!strcmp(a, "--seed")) {
-            ok = td_arg_int(a, argv[++i], 0, 0x7fffffffffffffffL, &x);
-            p.seed = (uint64_t)x;
-        } else if (!strcmp(a, "--threads")) {
-            ok = td_arg_int(a, argv[++i], 1, 1024, &x);
-            p.n_threads = (int)x;
-        } else if (!strcmp(a, "--shard-tokens")) {
-            ok = td_arg_int(a, argv[++i], 1, 1L << 40, &x);
-            p.shard_tokens = (uint64_t)x;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "tandem: unknown option %s\n", a);
-            ok = 0;
-        } else {
-            files[nfiles++] = a;
-        }
-        if (!ok) {
-            data_prepare_usage();
-            free(files);
-            return 2;
-        }
+    int docs = -1, split = -1, sep_i = 0;
+    const td_opt opts[] = {
+        {TD_OPT_S("tokenizer", &tok_path, "PATH", "tokenizer.json, its directory, or a .gguf file")},
+        {TD_OPT_S("out", &p.out_dir, "DIR", "output directory (required)")},
+        {TD_OPT_S("name", &p.name, "NAME", "file name stem (default data)")},
+        {TD_OPT_C("docs", &docs, "blank line file", "MODE", "document boundaries: blank (blank lines, default), line, file")},
+        {TD_OPT_C("sep", &sep_i, "eos bos none", "MODE", "eos (after each document, default), bos (before), none")},
+        {TD_OPT_F("val-fraction", &p.val_fraction, 0, 1, "F", "share for validation, 0..1 (default 0.01)")},
+        {TD_OPT_C("split", &split, "docs tokens", "MODE",
+                  "docs (each document by seeded hash, default) or tokens (token-balanced)")},
+        {TD_OPT_I("seed", &p.seed, 0, 9.2e18, "N", "seed of the document split (default 1234)")},
+        {TD_OPT_I("shard-tokens", &p.shard_tokens, 1, 1L << 40, "N", "tokens per shard file (default 67108864)")},
+        {TD_OPT_I("threads", &p.n_threads, 1, 1024, "N", "encoder threads (default: online CPUs); output does not depend on it")},
+    };
+    const td_opts ot = {.prog = "tandem data prepare",
+                        .usage = "usage: tandem data prepare --tokenizer PATH --out DIR [options] FILE...\n"
+                                 "  Tokenizes UTF-8 text files into binary token shards DIR/NAME-train-NNNNNN.tdsh and\n"
+                                 "  DIR/NAME-val-NNNNNN.tdsh (uint16 ids when the vocabulary fits, else uint32).\n",
+                        .opts = opts,
+                        .n = (int)(sizeof opts / sizeof opts[0]),
+                        .max_pos = -1};
+    int pr = td_opts_parse(&ot, argc, argv, &nfiles);
+    if (pr <= 0) {
+        if (pr < 0) td_opts_help(&ot, stderr);
+        free(files);
+        return pr == 0 ? 0 : 2;
     }
+    for (int i = 0; i < nfiles; i++) files[i] = argv[1 + i];
+    static const char *const seps[] = {"eos", "bos", "none"};
+    sep = seps[sep_i];
+    if (docs >= 0) p.docs = docs == 0 ? TD_SHARD_DOC_BLANK_LINE : docs == 1 ? TD_SHARD_DOC_LINE : TD_SHARD_DOC_FILE;
+    if (split >= 0) p.split = split == 0 ? TD_SHARD_SPLIT_DOCS : TD_SHARD_SPLIT_TOKENS;
     if (!tok_path || !p.out_dir || !nfiles) {
         fprintf(stderr,
                 "tandem: data prepare needs --tokenizer, --out and at least one input file\n");
-        data_prepare_usage();
+        td_opts_help(&ot, stderr);
         free(files);
         return 2;
     }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/file.h"
+#include "base/opts.h"
 #include "base/log.h"
 #include "cli/cli.h"
 #include "model/export.h"
@@ -17,30 +18,18 @@
 #include "train/ckpt.h"
 #include "train/train_run.h"
 
-static void weights_usage(FILE *f) {
-    fprintf(f,
-            "usage: tandem weights push URL SOURCE [--api-key KEY] [--bucket-mb N] [--timeout S] [--shm]\n"
-            "                                      [--f32-source] [--repeat N]\n"
-            "       tandem weights get URL [--api-key KEY] [--timeout S]\n"
-            "  push: sends every weight of SOURCE to a server started with --enable-weight-sync, which\n"
-            "        applies them between two engine steps (docs/server.md, \"Weight sync\")\n"
-            "  get:  prints the server's weights version, checksum and dtype as JSON\n"
-            "  URL                 the server, e.g. http://127.0.0.1:8000\n"
-            "  SOURCE              a training checkpoint (ckpt-<step>.tdck, a sharded checkpoint\n"
-            "                      directory, or a checkpoint directory: its newest valid one), or a\n"
-            "                      model directory (config.json + safetensors) or .gguf file; its\n"
-            "                      config must be the served model's\n"
-            "  --api-key KEY       the server's --api-key (default $TANDEM_API_KEY)\n"
-            "  --bucket-mb N       tensor data per request, MiB (default 64)\n"
-            "  --timeout S         limit of every request, seconds (default 60)\n"
-            "  --shm               same host: pass buckets through a shared-memory file\n"
-            "                      /dev/shm/tandem-push-* instead of HTTP bodies (the server needs\n"
-            "                      --weight-sync-shm; without it the push falls back to bodies, with\n"
-            "                      a warning)\n"
-            "  --f32-source        read every tensor of SOURCE into f32 memory first and push from\n"
-            "                      there (what the RL loop pushes: the trainer's f32 parameters)\n"
-            "  --repeat N          push N times (timings of each on stderr; JSON of the last)\n");
-}
+#define WEIGHTS_USAGE                                                                                   \
+    "usage: tandem weights push URL SOURCE [--api-key KEY] [--bucket-mb N] [--timeout S] [--shm]\n"        \
+    "                                      [--f32-source] [--repeat N]\n"                                 \
+    "       tandem weights get URL [--api-key KEY] [--timeout S]\n"                                        \
+    "  push: sends every weight of SOURCE to a server started with --enable-weight-sync, which\n"         \
+    "        applies them between two engine steps (docs/server.md, \"Weight sync\")\n"                   \
+    "  get:  prints the server's weights version, checksum and dtype as JSON\n"                           \
+    "  URL                       the server, e.g. http://127.0.0.1:8000\n"                                \
+    "  SOURCE                    a training checkpoint (ckpt-<step>.tdck, a sharded checkpoint\n"         \
+    "                            directory, or a checkpoint directory: its newest valid one), or a\n"     \
+    "                            model directory (config.json + safetensors) or .gguf file; its\n"        \
+    "                            config must be the served model's\n"
 
 // A source of weights: a checkpoint or a loaded model.
 typedef struct source {
@@ -141,7 +130,7 @@ static void close_source(source *s) {
 
 int td_cmd_weights(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        weights_usage(argc < 2 ? stderr : stdout);
+        fputs(WEIGHTS_USAGE, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     const char *sub = argv[1];
@@ -151,46 +140,35 @@ int td_cmd_weights(int argc, char **argv) {
         return 2;
     }
     const char *pos[2] = {NULL, NULL};
-    int npos = 0;
     td_pusher_params pp = td_pusher_default_params();
     pp.api_key = getenv("TANDEM_API_KEY");
     long mb = 64, timeout_s = 60, repeat = 1;
     bool f32_source = false;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            weights_usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--api-key")) {
-            if (!v) return fprintf(stderr, "tandem weights: --api-key needs a value\n"), 2;
-            pp.api_key = v;
-            i++;
-        } else if (!strcmp(a, "--bucket-mb")) {
-            if (!td_arg_int(a, v, 1, 1 << 16, &mb)) return 2;
-            i++;
-        } else if (!strcmp(a, "--shm")) {
-            pp.shm = true;
-        } else if (!strcmp(a, "--f32-source")) {
-            f32_source = true;
-        } else if (!strcmp(a, "--repeat")) {
-            if (!td_arg_int(a, v, 1, 1000, &repeat)) return 2;
-            i++;
-        } else if (!strcmp(a, "--timeout")) {
-            if (!td_arg_int(a, v, 1, 86400, &timeout_s)) return 2;
-            i++;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "tandem weights: unknown option %s\n", a);
-            return 2;
-        } else if (npos < (push ? 2 : 1)) {
-            pos[npos++] = a;
-        } else {
-            fprintf(stderr, "tandem weights: unexpected argument %s\n", a);
-            return 2;
-        }
-    }
+    const td_opt opts[] = {
+        {TD_OPT_S("api-key", &pp.api_key, "KEY", "the server's --api-key (default $TANDEM_API_KEY)")},
+        {TD_OPT_I("bucket-mb", &mb, 1, 1 << 16, "N", "push: tensor data per request, MiB (default 64)")},
+        {TD_OPT_I("timeout", &timeout_s, 1, 86400, "S", "limit of every request, seconds (default 60)")},
+        {TD_OPT_B("shm", &pp.shm,
+                  "push, same host: pass buckets through a shared-memory file\n"
+                  "/dev/shm/tandem-push-* instead of HTTP bodies (the server needs\n"
+                  "--weight-sync-shm; without it the push falls back to bodies, with\n"
+                  "a warning)")},
+        {TD_OPT_B("f32-source", &f32_source,
+                  "push: read every tensor of SOURCE into f32 memory first and push from\n"
+                  "there (what the RL loop pushes: the trainer's f32 parameters)")},
+        {TD_OPT_I("repeat", &repeat, 1, 1000, "N", "push N times (timings of each on stderr; JSON of the last)")},
+    };
+    const td_opts ot = {.prog = push ? "tandem weights push" : "tandem weights get",
+                        .usage = WEIGHTS_USAGE,
+                        .opts = opts,
+                        .n = (int)(sizeof opts / sizeof opts[0]),
+                        .max_pos = push ? 2 : 1};
+    int npos = 0, pr = td_opts_parse(&ot, argc - 1, argv + 1, &npos);
+    if (pr <= 0) return pr == 0 ? 0 : 2;
+    for (int i = 0; i < npos; i++) pos[i] = argv[2 + i];
     if (npos < (push ? 2 : 1)) {
         fprintf(stderr, "tandem weights %s: %s\n", sub, npos == 0 ? "no server URL given" : "no SOURCE given");
-        weights_usage(stderr);
+        td_opts_help(&ot, stderr);
         return 2;
     }
     pp.url = pos[0];

@@ -24,6 +24,13 @@ td_server_params td_server_default_params(void) {
                               .limits = td_api_default_limits()};
 }
 
+uint64_t td_server_request_seed(uint64_t seed, uint64_t i) {
+    uint64_t z = seed + i * 0x9e3779b97f4a7c15ULL + 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
 #ifndef TANDEM_HAVE_MHD
 struct td_server {
     int unused;
@@ -164,6 +171,7 @@ struct td_server {
     atomic_bool closing;  // final phase of stop: never suspend again
     bool zombie;          // stopped, but requests remain (under mu): the last req_free frees s
     atomic_uint_fast64_t next_id;
+    atomic_uint_fast64_t n_unseeded;  // requests given a seed from p.default_seed
     pthread_t commit_thread;  // under mu: the weight-sync commit thread not yet joined
     bool commit_thread_live;
     bool commits_closed;      // stopping: no new commit thread
@@ -1311,6 +1319,10 @@ static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
     if (!td_api_parse(kind, r->body.p ? r->body.p : "", r->body.len, &lim, s->info.model_name, r->arena, &r->api, &e))
         return send_error(r, c, &e);
     td_api_request *a = &r->api;
+    if (!a->gen.has_seed && s->p.has_default_seed) {
+        a->gen.seed = td_server_request_seed(s->p.default_seed, atomic_fetch_add(&s->n_unseeded, 1));
+        a->gen.has_seed = true;
+    }
     if (a->gen.stream && a->gen.echo && a->gen.logprobs >= 0)
         return send_err(r, c, 400, "echo", "'echo' with 'logprobs' is not supported when streaming");
     int n_subs = kind == TD_API_CHAT ? 1 : a->n_prompts;

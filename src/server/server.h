@@ -33,7 +33,13 @@ typedef struct td_server_params {
     bool log_prompts;             // the per-request log line also carries the prompt text
     const char *tool_call_parser; // how chat output becomes tool_calls: "auto" (chosen from the chat
                                   //   template), "hermes", "llama3_json" or "none"; NULL = "auto"
+    bool has_default_seed;        // requests without "seed" get seed td_server_request_seed(default_seed,
+    uint64_t default_seed;        //   i), i = 0, 1, ... counting such requests (`serve --seed`)
 } td_server_params;
+
+// The seed of the i-th (from 0) unseeded request under has_default_seed: splitmix64's i-th output
+// from state `seed`.
+uint64_t td_server_request_seed(uint64_t seed, uint64_t i);
 
 td_server_params td_server_default_params(void);
 
