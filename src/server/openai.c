@@ -1,6 +1,7 @@
 // OpenAI request parsing/validation and small formatting helpers (see openai.h). Every field is checked
 // for type and range with a message naming it; null is treated as absent, as the OpenAI clients send it.
 // Unknown fields are ignored (as vLLM does). Nothing here talks to the engine or the network.
+#include "grammar/grammar.h"
 #include "server/openai.h"
 
 #include <math.h>
@@ -313,6 +314,90 @@ const char *td_api_body_nul(const char *body, size_t len) {
     return NULL;
 }
 
+// Structured output (docs/structured-output.md): OpenAI's response_format, vLLM's guided_json /
+// guided_regex / guided_choice / guided_grammar, llama.cpp's grammar / json_schema. At most one;
+// each becomes GBNF text (freed with the arena) for td_gen_request.grammar.
+static void free_text(void *p) { free(p); }
+
+static bool parse_structured(const cJSON *root, td_srv_arena *a, td_gen_request *g, td_api_error *e) {
+    static const char *const keys[] = {"response_format", "guided_json", "guided_regex", "guided_choice",
+                                       "guided_grammar", "grammar", "json_schema"};
+    const char *used = NULL;
+    const cJSON *val = NULL;
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        const cJSON *v = field(root, keys[i]);
+        if (!v || cJSON_IsNull(v)) continue;
+        if (i == 0) {  // {"type": "text"} constrains nothing
+            const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+            if (!cJSON_IsString(t))
+                return td_api_fail(e, 400, "response_format", "'response_format' must be an object with a string 'type'");
+            if (!strcmp(t->valuestring, "text")) continue;
+        }
+        if (used)
+            return td_api_fail(e, 400, keys[i],
+                               "'%s' and '%s' cannot be combined: give at most one structured-output constraint", used,
+                               keys[i]);
+        used = keys[i], val = v;
+    }
+    if (!used) return true;
+    td_err err = {0};
+    char *text = NULL;
+    if (!strcmp(used, "response_format")) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(val, "type")->valuestring;
+        if (!strcmp(t, "json_object")) {
+            char *jv = td_gbnf_json_value("j-");
+            size_t n = jv ? strlen(jv) + 32 : 0;
+            if (jv && (text = malloc(n))) snprintf(text, n, "root ::= j-object\n%s", jv);
+            free(jv);
+        } else if (!strcmp(t, "json_schema")) {
+            const cJSON *js = cJSON_GetObjectItemCaseSensitive(val, "json_schema");
+            const cJSON *sc = cJSON_IsObject(js) ? cJSON_GetObjectItemCaseSensitive(js, "schema") : NULL;
+            if (!sc)
+                return td_api_fail(e, 400, "response_format",
+                                   "response_format json_schema needs 'json_schema': {\"name\", \"schema\", \"strict\"}");
+            text = td_gbnf_from_json_schema(sc, "", &err);
+        } else {
+            return td_api_fail(e, 400, "response_format",
+                               "response_format type must be \"text\", \"json_object\" or \"json_schema\", got \"%s\"", t);
+        }
+    } else if (!strcmp(used, "guided_json") || !strcmp(used, "json_schema")) {
+        cJSON *parsed = NULL;
+        const cJSON *sc = val;
+        if (cJSON_IsString(val)) {
+            parsed = cJSON_Parse(val->valuestring);
+            if (!parsed) return td_api_fail(e, 400, used, "'%s' is a string that is not JSON", used);
+            sc = parsed;
+        }
+        text = td_gbnf_from_json_schema(sc, "", &err);
+        cJSON_Delete(parsed);
+    } else if (!strcmp(used, "guided_regex")) {
+        if (!cJSON_IsString(val)) return td_api_fail(e, 400, used, "'guided_regex' must be a string");
+        text = td_gbnf_from_regex(val->valuestring, "", &err);
+    } else if (!strcmp(used, "guided_choice")) {
+        int n = cJSON_IsArray(val) ? cJSON_GetArraySize(val) : 0;
+        if (n < 1) return td_api_fail(e, 400, used, "'guided_choice' must be a non-empty array of strings");
+        const char **ch = td_srv_arena_calloc(a, (size_t)n, sizeof *ch);
+        if (!ch) return td_api_fail(e, 500, NULL, "out of memory");
+        int i = 0;
+        for (const cJSON *x = val->child; x; x = x->next, i++) {
+            if (!cJSON_IsString(x)) return td_api_fail(e, 400, used, "'guided_choice' must be a non-empty array of strings");
+            ch[i] = x->valuestring;
+        }
+        text = td_gbnf_from_choices(ch, n, "", &err);
+    } else {  // guided_grammar, grammar: GBNF as given (the engine compiles it; errors become a 400)
+        if (!cJSON_IsString(val)) return td_api_fail(e, 400, used, "'%s' must be a string of GBNF", used);
+        g->grammar = val->valuestring;
+        return true;
+    }
+    if (!text) return td_api_fail(e, 400, used, "%s", err.msg[0] ? err.msg : "out of memory");
+    if (!td_srv_arena_cleanup(a, free_text, text)) {
+        free(text);
+        return td_api_fail(e, 500, NULL, "out of memory");
+    }
+    g->grammar = text;
+    return true;
+}
+
 bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_limits *lim,
                   const char *served_model, td_srv_arena *a, td_api_request *r, td_api_error *e) {
     memset(r, 0, sizeof *r);
@@ -417,12 +502,7 @@ bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_l
             return false;
         }
     }
-    const cJSON *rf = field(root, "response_format");
-    if (rf) {
-        const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
-        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
-            return td_api_fail(e, 400, "response_format", "'response_format' other than {\"type\": \"text\"} is not supported");
-    }
+    if (!parse_structured(root, a, g, e)) return false;
 
     // Which distribution logprobs describe (vLLM's --logprobs-mode, per request here): the model's
     // (raw) or the processed one the sampler drew from (RL behaviour logprobs).
