@@ -69,6 +69,12 @@ typedef struct td_api_request {
 bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_limits *lim,
                   const char *served_model, td_srv_arena *a, td_api_request *out, td_api_error *e);
 
+// Refuses a body whose strings hold a NUL character (a \u0000 escape or a raw NUL byte): cJSON's
+// strings end at the first NUL, so a prompt would be silently cut. On one: a 400 in *e naming the
+// top-level member that holds it, and false. td_api_parse calls it; routes that parse with cJSON
+// themselves call it too.
+bool td_api_check_nul(const char *body, size_t len, td_api_error *e);
+
 const char *td_finish_reason_str(td_finish_reason r);  // "stop", "length", "abort"; NULL for NONE
 
 // Server-sent events: appends "data: <json>\n\n" (json without newlines, as cJSON prints it).
