@@ -4,6 +4,7 @@
 #include "grammar/grammar.h"
 #include "server/openai.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -295,25 +296,6 @@ bool td_api_model_known(const td_api_limits *lim, const char *served_model, cons
     return false;
 }
 
-const char *td_api_body_nul(const char *body, size_t len) {
-    bool in_str = false;
-    for (size_t i = 0; i < len; i++) {
-        char ch = body[i];
-        if (ch == 0) return "the request body contains a raw NUL byte (JSON strings escape control characters)";
-        if (!in_str) {
-            if (ch == '"') in_str = true;
-        } else if (ch == '"') {
-            in_str = false;
-        } else if (ch == '\\' && i + 1 < len) {
-            if (body[i + 1] == 'u' && i + 5 < len && !memcmp(body + i + 2, "0000", 4))
-                return "a string contains U+0000 (\\u0000), which tandem does not take in text: it would cut the "
-                       "text short (send token ids instead)";
-            i++;  // the escaped character
-        }
-    }
-    return NULL;
-}
-
 // Structured output (docs/structured-output.md): OpenAI's response_format, vLLM's guided_json /
 // guided_regex / guided_choice / guided_grammar, llama.cpp's grammar / json_schema. At most one;
 // each becomes GBNF text (freed with the arena) for td_gen_request.grammar.
@@ -398,15 +380,128 @@ static bool parse_structured(const cJSON *root, td_srv_arena *a, td_gen_request 
     return true;
 }
 
+// One pass over the raw body, for what cJSON's tree loses: its strings end at a NUL, and its numbers
+// are doubles (2^63 - 1 and 2^63 are the same double). Finds the first top-level member whose value
+// holds a NUL character (a \u0000 escape or a raw NUL byte inside a string) and the literal of the
+// top-level member `num_key` (the first one, as cJSON's lookup finds). Malformed JSON is left to
+// cJSON: the scan only reads.
+typedef struct body_scan {
+    bool has_nul;
+    char nul_key[64];       // the member's name (raw, cut at 63 bytes)
+    const char *num;        // the literal of num_key's value, or NULL
+    size_t num_len;
+} body_scan;
+
+static void scan_body(const char *b, size_t n, const char *num_key, body_scan *out) {
+    memset(out, 0, sizeof *out);
+    int depth = 0;
+    bool in_str = false, is_key = false, expect_key = false;
+    char key[64] = "", cur[64];
+    size_t cur_len = 0;
+    bool num_done = false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = b[i];
+        if (in_str) {
+            bool nul = ch == 0;
+            if (ch == '\\' && i + 1 < n) {
+                nul = b[i + 1] == 'u' && i + 5 < n && !memcmp(b + i + 2, "0000", 4);
+                if (is_key && cur_len < sizeof cur - 1) cur[cur_len++] = ch;
+                ch = b[++i];
+            } else if (ch == '"') {
+                in_str = false;
+                if (is_key) {
+                    cur[cur_len] = 0;
+                    memcpy(key, cur, cur_len + 1);
+                }
+                continue;
+            }
+            if (is_key && cur_len < sizeof cur - 1) cur[cur_len++] = ch;
+            if (nul && !is_key && depth >= 1 && !out->has_nul) {
+                out->has_nul = true;
+                snprintf(out->nul_key, sizeof out->nul_key, "%s", key);
+            }
+            continue;
+        }
+        switch (ch) {
+        case '"':
+            in_str = true;
+            is_key = depth == 1 && expect_key;
+            cur_len = 0;
+            expect_key = false;
+            break;
+        case '{':
+        case '[':
+            depth++;
+            expect_key = depth == 1 && ch == '{';
+            break;
+        case '}':
+        case ']': depth--; break;
+        case ',': expect_key = depth == 1; break;
+        case ':':
+            if (depth == 1 && !num_done && num_key && !strcmp(key, num_key)) {
+                size_t j = i + 1;
+                while (j < n && (b[j] == ' ' || b[j] == '\t' || b[j] == '\r' || b[j] == '\n')) j++;
+                size_t k = j;
+                while (k < n && (b[k] == '-' || b[k] == '+' || b[k] == '.' || b[k] == 'e' || b[k] == 'E' ||
+                                 (b[k] >= '0' && b[k] <= '9')))
+                    k++;
+                num_done = true;
+                if (k > j) {
+                    out->num = b + j;
+                    out->num_len = k - j;
+                }
+            }
+            break;
+        default: break;
+        }
+    }
+}
+
+bool td_api_check_nul(const char *body, size_t len, td_api_error *e) {
+    body_scan sc;
+    scan_body(body, len, NULL, &sc);
+    if (!sc.has_nul) return true;
+    return td_api_fail(e, 400, sc.nul_key,
+                       "'%s' contains a NUL character (U+0000), which prompts and strings cannot carry", sc.nul_key);
+}
+
+// The OpenAI seed is a signed 64-bit integer. A plain integer literal converts exactly (strtoll, so
+// 2^63 - 1 is accepted and 2^63 refused); any other number (1e3, 5.0) must be integral and inside
+// [-2^63, 2^63) as a double before it is converted.
+static bool parse_seed(const cJSON *seed, const body_scan *sc, uint64_t *out, td_api_error *e) {
+    if (!cJSON_IsNumber(seed)) return td_api_fail(e, 400, "seed", "'seed' must be an integer");
+    bool plain = sc->num && sc->num_len < 32;
+    for (size_t i = 0; plain && i < sc->num_len; i++)
+        plain = (sc->num[i] >= '0' && sc->num[i] <= '9') || (i == 0 && sc->num[i] == '-');
+    if (plain) {
+        char lit[32];
+        memcpy(lit, sc->num, sc->num_len);
+        lit[sc->num_len] = 0;
+        errno = 0;
+        long long v = strtoll(lit, NULL, 10);
+        if (errno == ERANGE)
+            return td_api_fail(e, 400, "seed", "'seed' must be an integer in [-2^63, 2^63 - 1] (got %s)", lit);
+        *out = (uint64_t)(int64_t)v;
+        return true;
+    }
+    double v = seed->valuedouble;
+    if (!isfinite(v) || v != floor(v)) return td_api_fail(e, 400, "seed", "'seed' must be an integer");
+    if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0))
+        return td_api_fail(e, 400, "seed", "'seed' must be an integer in [-2^63, 2^63 - 1] (got %g)", v);
+    *out = (uint64_t)(int64_t)v;
+    return true;
+}
+
 bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_limits *lim,
                   const char *served_model, td_srv_arena *a, td_api_request *r, td_api_error *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
-    const char *nul = td_api_body_nul(body, len);
-    if (nul) return td_api_fail(e, 400, NULL, "%s", nul);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
-    if (!root) return td_api_fail(e, 400, NULL, "the request body is not valid JSON");
+    if (!root) {
+        if (!td_api_check_nul(body, len, e)) return false;  // a raw NUL byte: name its member
+        return td_api_fail(e, 400, NULL, "the request body is not valid JSON");
+    }
     if (!td_srv_arena_cleanup(a, delete_json, root)) {
         cJSON_Delete(root);
         return td_api_fail(e, 500, NULL, "out of memory");
@@ -416,6 +511,7 @@ bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_l
         if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n' && *p != 0)
             return td_api_fail(e, 400, NULL, "the request body is not valid JSON (trailing data)");
     if (!cJSON_IsObject(root)) return td_api_fail(e, 400, NULL, "the request body must be a JSON object");
+    if (!td_api_check_nul(body, len, e)) return false;  // cJSON's strings would end at the NUL
 
     const cJSON *model = field(root, "model");
     if (model) {
@@ -476,12 +572,10 @@ bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_l
     if (!parse_logit_bias(root, lim, a, g, e)) return false;
     const cJSON *seed = field(root, "seed");
     if (seed) {
-        // [-2^63, 2^63): 9223372036854775807.0 rounds to 2^63 as a double, which does not convert
-        if (!is_integer(seed, -9223372036854775808.0, 9223372036854775807.0) ||
-            seed->valuedouble >= 9223372036854775808.0)
-            return td_api_fail(e, 400, "seed", "'seed' must be an integer in [-2^63, 2^63)");
+        body_scan sc;
+        scan_body(body, len, "seed", &sc);
+        if (!parse_seed(seed, &sc, &g->seed, e)) return false;
         g->has_seed = true;
-        g->seed = (uint64_t)(int64_t)seed->valuedouble;
     }
     if (!parse_stop(root, a, g, e)) return false;
     const cJSON *sti = field(root, "stop_token_ids");

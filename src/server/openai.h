@@ -73,9 +73,11 @@ bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_l
 
 // Whether a request's "model" names this server: served_model or one of lim's aliases.
 bool td_api_model_known(const td_api_limits *lim, const char *served_model, const char *name);
-// NULL, or why the raw body cannot be taken: a raw NUL byte, or \u0000 inside a string (cJSON's
-// NUL-terminated strings would silently cut the text there).
-const char *td_api_body_nul(const char *body, size_t len);
+// Refuses a body whose strings hold a NUL character (a \u0000 escape or a raw NUL byte): cJSON's
+// strings end at the first NUL, so a prompt would be silently cut. On one: a 400 in *e naming the
+// top-level member that holds it, and false. td_api_parse calls it; routes that parse with cJSON
+// themselves call it too.
+bool td_api_check_nul(const char *body, size_t len, td_api_error *e);
 
 const char *td_finish_reason_str(td_finish_reason r);  // "stop", "length", "abort"; NULL for NONE
 

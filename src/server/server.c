@@ -3,9 +3,13 @@
 // internal epoll thread; engine threads only append binary events to a request's queue under its
 // mutex and resume its connection. Request memory: one arena per request (parsed body, prompt ids,
 // stop strings) plus growable output buffers, all freed when both MHD and the engine are done with it.
+#define _GNU_SOURCE  // POLLRDHUP
 #include "server/server.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -120,6 +124,7 @@ typedef struct srv_req {
     td_srv_buf events;
     bool suspended;
     bool client_gone;
+    bool peer_closed;  // the watcher saw the socket close while suspended and cancelled the work
     int refs;  // 1 for MHD + 1 per submitted sub until its on_done returns
 
     // Server-thread only.
@@ -134,6 +139,7 @@ typedef struct srv_req {
     td_srv_buf out;        // streaming bytes not yet handed to MHD
     td_srv_buf itl;        // double[] inter-token gaps
     bool finished;         // all subs done and final output produced
+    bool stream_closed;    // shutdown: the stream's closing chunks and [DONE] are in out
     bool response_queued;
     bool failed;
     td_status fail_status;
@@ -175,6 +181,12 @@ struct td_server {
     pthread_t commit_thread;  // under mu: the weight-sync commit thread not yet joined
     bool commit_thread_live;
     bool commits_closed;      // stopping: no new commit thread
+    atomic_int n_active;      // requests MHD has not completed yet (on_request .. on_completed)
+    pthread_t watch_thread;   // closes engine work whose client left while suspended
+    pthread_mutex_t watch_mu;
+    pthread_cond_t watch_cv;
+    bool watch_quit;          // under watch_mu
+    bool watch_live;
 };
 
 // ---- small helpers ---------------------------------------------------------------------------------
@@ -307,6 +319,8 @@ static void offsets_to_cp(cJSON *offsets, const char *t, size_t n) {
 static bool drain_events(srv_req *r, bool quiet);
 
 static void server_free(td_server *s) {
+    pthread_mutex_destroy(&s->watch_mu);
+    pthread_cond_destroy(&s->watch_cv);
     td_srv_metrics_free(s->metrics);
     pthread_mutex_destroy(&s->mu);
     free(s);
@@ -882,7 +896,20 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             td_srv_buf_consume(&r->out, n);
             return (ssize_t)n;
         }
-        if (r->finished || atomic_load(&r->srv->closing)) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (r->finished || r->stream_closed) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (atomic_load(&r->srv->closing)) {
+            // Shutdown: what the engine queued (finish chunks, [DONE]) goes out first; a stream the
+            // engine never ended is closed here with finish_reason "abort" and [DONE].
+            if (drain_events(r, false) || r->out.len) continue;
+            for (int ci = 0; ci < r->n_choices; ci++)
+                if (r->choices[ci].reason == TD_FINISH_NONE) {
+                    r->choices[ci].reason = TD_FINISH_ABORT;
+                    emit_choice_chunk(r, ci, NULL, 0, NULL, TD_FINISH_ABORT, false, NULL);
+                }
+            td_sse_append_done(&r->out);
+            r->stream_closed = true;
+            continue;
+        }
         pthread_mutex_lock(&r->mu);
         bool empty = r->events.len == 0;
         if (empty) {
@@ -1026,8 +1053,7 @@ static enum MHD_Result route_metrics(srv_req *r, struct MHD_Connection *c) {
 }
 
 static cJSON *parse_body_object(srv_req *r, td_api_error *e) {
-    const char *nul = td_api_body_nul(r->body.p ? r->body.p : "", r->body.len);
-    if (nul) return td_api_fail(e, 400, NULL, "%s", nul), NULL;
+    if (!td_api_check_nul(r->body.p ? r->body.p : "", r->body.len, e)) return NULL;
     cJSON *j = cJSON_ParseWithLength(r->body.p ? r->body.p : "", r->body.len);
     if (!j) return td_api_fail(e, 400, NULL, "the request body is not valid JSON"), NULL;
     if (!cJSON_IsObject(j)) {
@@ -1520,6 +1546,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         pthread_mutex_lock(&s->mu);
         s->n_alloc++;
         pthread_mutex_unlock(&s->mu);
+        atomic_fetch_add(&s->n_active, 1);
         *con_cls = r;
         if (!r->arena) return MHD_NO;
         snprintf(r->method, sizeof r->method, "%s", method);
@@ -1649,6 +1676,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     for (int i = 0; i < r->n_subs; i++)
         if (r->subs[i].submitted && !r->subs[i].done) s->eng.vt->cancel(s->eng.ctx, r->subs[i].h);
     req_unref(r);
+    atomic_fetch_sub(&s->n_active, 1);
 }
 
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx, enum MHD_ConnectionNotificationCode t) {
@@ -1663,6 +1691,98 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     char buf[512];
     vsnprintf(buf, sizeof buf, fmt, ap);
     TD_LOGD("http: %s", buf);
+}
+
+// One pass of the watcher: a suspended request (waiting on the engine, so MHD neither reads nor
+// writes its socket and would notice a departed client only at its answer) whose socket the peer
+// closed (POLLRDHUP, POLLHUP or POLLERR) has its engine work cancelled, freeing its KV blocks now.
+// Holding s->mu keeps r and its connection alive: on_completed unlinks r under it first.
+static void watch_pass(td_server *s) {
+    pthread_mutex_lock(&s->mu);
+    for (srv_req *r = s->live; r; r = r->next) {
+        pthread_mutex_lock(&r->mu);
+        bool check = r->suspended && !r->client_gone && !r->peer_closed;
+        pthread_mutex_unlock(&r->mu);
+        if (!check) continue;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!ci || ci->connect_fd == MHD_INVALID_SOCKET) continue;
+        struct pollfd pf = {.fd = ci->connect_fd, .events = POLLRDHUP};
+        if (poll(&pf, 1, 0) != 1 || !(pf.revents & (POLLRDHUP | POLLHUP | POLLERR))) continue;
+        pthread_mutex_lock(&r->mu);
+        r->peer_closed = true;
+        pthread_mutex_unlock(&r->mu);
+        TD_LOGI("serve: request %s: the client closed its connection; cancelling it", r->id[0] ? r->id : "-");
+        for (int i = 0; i < r->n_subs; i++)
+            if (r->subs[i].submitted) s->eng.vt->cancel(s->eng.ctx, r->subs[i].h);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+#define WATCH_PERIOD_MS 100
+
+static void *watch_main(void *arg) {
+    td_server *s = arg;
+    pthread_mutex_lock(&s->watch_mu);
+    while (!s->watch_quit) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += WATCH_PERIOD_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->watch_cv, &s->watch_mu, &ts);
+        if (s->watch_quit) break;
+        pthread_mutex_unlock(&s->watch_mu);
+        watch_pass(s);
+        pthread_mutex_lock(&s->watch_mu);
+    }
+    pthread_mutex_unlock(&s->watch_mu);
+    return NULL;
+}
+
+static void watch_stop(td_server *s) {
+    if (!s->watch_live) return;
+    pthread_mutex_lock(&s->watch_mu);
+    s->watch_quit = true;
+    pthread_cond_signal(&s->watch_cv);
+    pthread_mutex_unlock(&s->watch_mu);
+    pthread_join(s->watch_thread, NULL);
+    s->watch_live = false;
+}
+
+// Connections past max_connections + RESERVE_CONNECTIONS are closed at accept here. MHD's own limit
+// is set above that (MHD_LIMIT_MARGIN): at its limit MHD stops polling the listening socket, and
+// new clients would wait in the backlog instead of being refused.
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
+    td_server *s = cls;
+    return atomic_load(&s->open_conns) >= s->p.max_connections + RESERVE_CONNECTIONS ? MHD_NO : MHD_YES;
+}
+
+// File descriptors: MHD needs one per connection and accept() past the soft RLIMIT_NOFILE fails
+// (EMFILE) with the client left waiting in the backlog. So the soft limit is raised to the hard
+// one, and max_connections is cut to what the result leaves (the fds open now plus 64 for the
+// engine, logs and checkpoints stay free). Returns MHD's connection limit.
+#define FD_HEADROOM 64
+#define MHD_LIMIT_MARGIN 8
+
+static unsigned connection_limit(td_server *s) {
+    struct rlimit rl;
+    unsigned want = (unsigned)s->p.max_connections + RESERVE_CONNECTIONS + MHD_LIMIT_MARGIN;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return want;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < rl.rlim_max) {
+        struct rlimit up = {.rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &up) == 0) rl = up;
+    }
+    if (rl.rlim_cur == RLIM_INFINITY) return want;
+    long open_fds = 0;
+    for (int fd = 0; fd < 4096 && (rlim_t)fd < rl.rlim_cur; fd++)
+        if (fcntl(fd, F_GETFD) != -1) open_fds++;
+    long avail = (long)rl.rlim_cur - open_fds - FD_HEADROOM;
+    if (avail >= (long)want) return want;
+    const long fixed = RESERVE_CONNECTIONS + MHD_LIMIT_MARGIN;
+    long lim = avail > fixed + 1 ? avail : fixed + 1;
+    TD_LOGW("serve: the open-file limit (%llu) leaves room for %ld connections: max_connections %d -> %ld",
+            (unsigned long long)rl.rlim_cur, lim, s->p.max_connections, lim - fixed);
+    s->p.max_connections = (int)(lim - fixed);
+    return (unsigned)lim;
 }
 
 td_server *td_server_start(const td_server_params *p, td_engine engine, td_err *err) {
@@ -1688,6 +1808,7 @@ td_server *td_server_start(const td_server_params *p, td_engine engine, td_err *
     atomic_init(&s->open_conns, 0);
     atomic_init(&s->stopping, false);
     atomic_init(&s->closing, false);
+    atomic_init(&s->n_active, 0);
     atomic_init(&s->next_id, ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid());
     s->metrics = td_srv_metrics_create();
     struct sockaddr_in addr = {0};
@@ -1700,9 +1821,10 @@ td_server *td_server_start(const td_server_params *p, td_engine engine, td_err *
         return NULL;
     }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    unsigned conn_limit = connection_limit(s);
     s->mhd = MHD_start_daemon(
-        flags, (uint16_t)p->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->p.max_connections + RESERVE_CONNECTIONS),
+        flags, (uint16_t)p->port, on_accept, s, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+        MHD_OPTION_CONNECTION_LIMIT, conn_limit,
         MHD_OPTION_CONNECTION_TIMEOUT, s->p.idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         (size_t)(s->p.max_header_bytes ? s->p.max_header_bytes : 32u << 10), MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
@@ -1719,6 +1841,10 @@ td_server *td_server_start(const td_server_params *p, td_engine engine, td_err *
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : p->port;
+    pthread_mutex_init(&s->watch_mu, NULL);
+    pthread_cond_init(&s->watch_cv, NULL);
+    s->watch_live = pthread_create(&s->watch_thread, NULL, watch_main, s) == 0;
+    if (!s->watch_live) TD_LOGW("serve: no watcher thread: abandoned requests run to their end");
     return s;
 }
 
@@ -1783,7 +1909,11 @@ int td_server_stop(td_server *s, int grace_ms) {
         pthread_mutex_unlock(&r->mu);
     }
     pthread_mutex_unlock(&s->mu);
-    sleep_ms(50);
+    // Let MHD write out what the woken requests answer (the streams' last chunks and [DONE], the
+    // 503s) before it closes their sockets (bounded).
+    end = td_now() + 1.0;
+    while (atomic_load(&s->n_active) > 0 && td_now() < end) sleep_ms(5);
+    watch_stop(s);
     MHD_stop_daemon(s->mhd);
     pthread_mutex_lock(&s->mu);
     int left = s->n_alloc;

@@ -15,7 +15,8 @@ typedef struct td_server_params {
     const char *host;           // IPv4 address to bind; default "127.0.0.1"
     int port;                   // 0: any free port (read it back with td_server_port)
     int max_connections;        // connections served at once; up to 16 more get a 503 JSON error,
-                                //   beyond that the socket is closed at accept (default 1024)
+                                //   beyond that the socket is closed at accept (default 1024; cut
+                                //   to fit RLIMIT_NOFILE, whose soft limit start raises to the hard)
     size_t max_body_bytes;      // request body; beyond: 413 (default 8 MiB)
     size_t max_header_bytes;    // request line + headers per connection; beyond: 431/414 (default 32 KiB)
     unsigned idle_timeout_s;    // idle connection timeout, seconds (default 600; 0 = none). Suspended

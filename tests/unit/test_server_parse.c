@@ -68,8 +68,6 @@ static const bad_case bad[] = {
     {C, "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}", 400, "logit_bias"},
     {C, "{\"prompt\": \"x\", \"seed\": 1.5}", 400, "seed"},
     {C, "{\"prompt\": \"x\", \"seed\": \"7\"}", 400, "seed"},
-    // 2^63 - 1 is 2^63 as a double: converting it to int64 is undefined (UBSan flags it), so refused
-    {C, "{\"prompt\": \"x\", \"seed\": 9223372036854775807}", 400, "seed"},
     {C, "{\"prompt\": \"x\", \"seed\": 9223372036854775808}", 400, "seed"},
     {C, "{\"prompt\": \"x\", \"seed\": 1e300}", 400, "seed"},
     {C, "{\"prompt\": \"x\", \"seed\": -9223372036854777856}", 400, "seed"},
