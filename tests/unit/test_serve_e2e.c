@@ -25,6 +25,7 @@
 #include "base/log.h"
 #include "kernel_choice.h"
 #include "serve_proc.h"
+#include "http_test.h"
 #include "test_util.h"
 
 static const char *const SERVE_BASE[] = {"--threads", "2", "--max-seqs", "32", "--max-batched-tokens", "256", NULL};
@@ -33,18 +34,7 @@ static bool start_server(const char *bin, const char *model, const char *const *
 }
 static int stop_server(server *s) { return td_serve_stop(s); }
 
-static int connect_port(int port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    struct timeval tv = {10, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    return fd;
-}
+static int connect_port(int port) { return td_http_connect(port); }
 
 // A copy of the model directory (symlinks) whose tokenizer_config.json has no chat template.
 static bool make_nochat_model(const char *src, char *dir, size_t cap) {
@@ -158,17 +148,13 @@ int main(void) {
                           "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
                           strlen(body), body);
         CHECK(fd >= 0 && write(fd, req, (size_t)rl) == rl, "write");
-        usleep(50000);
+        static char resp[1 << 17];
+        size_t n = 0;  // SIGTERM once the stream's first chunk has arrived
+        resp[0] = 0;
+        CHECK(fd >= 0 && td_http_read_until(fd, resp, sizeof resp, &n, "data: "), "the stream started before SIGTERM");
         int st = stop_server(&main_s);
         CHECK(st == 0, "serve exits 0 after SIGTERM (got %d)", st);
-        static char resp[1 << 17];
-        size_t n = 0;
-        for (;;) {
-            ssize_t k = fd >= 0 ? read(fd, resp + n, sizeof resp - 1 - n) : -1;
-            if (k <= 0) break;
-            n += (size_t)k;
-        }
-        resp[n] = 0;
+        if (fd >= 0) td_http_read_until(fd, resp, sizeof resp, &n, NULL);
         if (fd >= 0) close(fd);
         CHECK(strstr(resp, "HTTP/1.1 200") && strstr(resp, "data: [DONE]"), "in-flight stream ends with [DONE]: %.200s", resp);
         CHECK(connect_port(main_s.port) < 0, "no longer listening");

@@ -14,20 +14,10 @@
 #include "server/serve_mock.h"
 #include "base/log.h"
 #include "server/server.h"
+#include "http_test.h"
 #include "test_util.h"
 
-static int connect_port(int port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    struct timeval tv = {5, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    return fd;
-}
+static int connect_port(int port) { return td_http_connect(port); }
 
 static size_t read_all(int fd, char *buf, size_t cap) {
     size_t n = 0;
@@ -92,11 +82,12 @@ int main(int argc, char **argv) {
                       "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
                       strlen(body), body);
     CHECK(write(fd, req, (size_t)rl) == rl, "write");
-    usleep(30000);
+    static char resp[1 << 16];
+    size_t got = 0;  // the stream is running once its first token chunk is here
+    CHECK(td_http_read_until(fd, resp, sizeof resp, &got, "data: "), "the stream started before the stop");
     int cancelled = td_server_stop(srv, 50);
     CHECK(cancelled == 1, "stop cancelled %d requests (want 1)", cancelled);
-    static char resp[1 << 16];
-    read_all(fd, resp, sizeof resp);
+    td_http_read_until(fd, resp, sizeof resp, &got, NULL);
     close(fd);
     CHECK(strstr(resp, "HTTP/1.1 200") != NULL, "stream started");
     CHECK(strstr(resp, "\"finish_reason\":\"abort\"") != NULL, "aborted stream says so");

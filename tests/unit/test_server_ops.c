@@ -14,20 +14,10 @@
 
 #include "server/serve_mock.h"
 #include "server/server.h"
+#include "http_test.h"
 #include "test_util.h"
 
-static int connect_port(int port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        return -1;
-    }
-    struct timeval tv = {10, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    return fd;
-}
+static int connect_port(int port) { return td_http_connect(port); }
 
 // One HTTP/1.1 request with Connection: close; the whole response (headers and body) into buf.
 static const char *http(int port, const char *method, const char *path, const char *headers, const char *body,
