@@ -8,123 +8,63 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "cli/cli.h"
+#include "base/opts.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "rl/eval.h"
 #include "rl/task.h"
 #include "tokenizer/tokenizer.h"
 
-#define TASK_OPTS_HELP                                                                                \
-    "  --task NAME          addition (default) or file\n"                                               \
-    "  --min-digits N       addition: shortest operand (default 4)\n"                                   \
-    "  --max-digits N       addition: longest operand (default 6, at most 11)\n"                        \
-    "  --prompts FILE       file: JSON lines {\"prompt\": ..., \"answer\": ...} (every 10th held out)\n" \
-    "  --scorer CMD         file: sh -c CMD reads JSON lines {prompt, answer, completion} on stdin,\n"   \
-    "                       writes one reward in [0, 1] per line\n"                                     \
-    "  --scorer-timeout MS  file: per scoring call (default 30000)\n"                                   \
-    "  --seed S             problem generation (addition) and sampling (eval) seed (default 1)\n"
-
-// Parses one task option at argv[*i]; returns 1 if it was one (and advances *i), 0 if not, -1 on a
-// bad value.
-static int task_opt(int argc, char **argv, int *i, td_rl_task_params *tp) {
-    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-    long x;
-    if (strcmp(a, "--task") && strcmp(a, "--min-digits") && strcmp(a, "--max-digits") && strcmp(a, "--prompts") &&
-        strcmp(a, "--scorer") && strcmp(a, "--scorer-timeout") && strcmp(a, "--seed"))
-        return 0;
-    if (!v) {
-        fprintf(stderr, "tandem: %s needs a value\n", a);
-        return -1;
+// The task's options, shared by `rl data` and `rl eval` (the first entries of each table).
+#define TASK_OPTS(tp, seed)                                                                                    \
+    {TD_OPT_SEC("task:")},                                                                                     \
+        {TD_OPT_S("task", &(tp).name, "NAME", "addition (default) or file")},                                  \
+        {TD_OPT_I("min-digits", &(tp).min_digits, 1, TD_RL_ADDITION_MAX_DIGITS, "N",                           \
+                  "addition: shortest operand (default 4)")},                                                  \
+        {TD_OPT_I("max-digits", &(tp).max_digits, 1, TD_RL_ADDITION_MAX_DIGITS, "N",                           \
+                  "addition: longest operand (default 6, at most 11)")},                                       \
+        {TD_OPT_S("prompts", &(tp).prompts, "FILE",                                                            \
+                  "file: JSON lines {\"prompt\": ..., \"answer\": ...} (every 10th held out)")},               \
+        {TD_OPT_S("scorer", &(tp).scorer, "CMD",                                                               \
+                  "file: sh -c CMD reads JSON lines {prompt, answer, completion} on stdin,\n"                  \
+                  "writes one reward in [0, 1] per line")},                                                    \
+        {TD_OPT_I("scorer-timeout", &(tp).scorer_timeout_ms, 1, 1 << 30, "MS",                                 \
+                  "file: per scoring call (default 30000)")},                                                  \
+    {                                                                                                          \
+        TD_OPT_I("seed", &(seed), 0, 9.2e18, "S", "problem generation (addition) and sampling (eval) seed (default 1)") \
     }
-    (*i)++;
-    if (!strcmp(a, "--task")) tp->name = v;
-    else if (!strcmp(a, "--prompts")) tp->prompts = v;
-    else if (!strcmp(a, "--scorer")) tp->scorer = v;
-    else if (!strcmp(a, "--min-digits")) {
-        if (!td_arg_int(a, v, 1, TD_RL_ADDITION_MAX_DIGITS, &x)) return -1;
-        tp->min_digits = (int)x;
-    } else if (!strcmp(a, "--max-digits")) {
-        if (!td_arg_int(a, v, 1, TD_RL_ADDITION_MAX_DIGITS, &x)) return -1;
-        tp->max_digits = (int)x;
-    } else if (!strcmp(a, "--scorer-timeout")) {
-        if (!td_arg_int(a, v, 1, 1L << 30, &x)) return -1;
-        tp->scorer_timeout_ms = (int)x;
-    } else {
-        if (!td_arg_int(a, v, 0, 0x7fffffffffffffffL, &x)) return -1;
-        tp->seed = (uint64_t)x;
-    }
-    return 1;
-}
-
-static void data_usage(void) {
-    fprintf(stderr,
-            "usage: tandem rl data [options] -o FILE\n"
-            "  Writes problems 0..N-1 of a task's split as SFT text, one `PROMPTANSWER` line each,\n"
-            "  the newline being the task's stop string (e.g. `4821+90377=95198`).\n" TASK_OPTS_HELP
-            "  --split train|eval   which split (default train)\n"
-            "  --n N                problems (default 100000)\n"
-            "  --group G            a blank line after every G problems: documents of G problems for\n"
-            "                       `tandem data prepare --docs blank --sep bos`, so that the first\n"
-            "                       problem of each follows BOS as an eval prompt does; all but the\n"
-            "                       last end with the stop string (data prepare drops a document's\n"
-            "                       final newline). Default 0: no blank lines\n"
-            "  -o, --out FILE       output file (- for stdout)\n");
-}
 
 int td_cmd_rl_data(int argc, char **argv) {
     td_rl_task_params tp = td_rl_task_default_params();
-    td_rl_split split = TD_RL_SPLIT_TRAIN;
-    long n = 100000, group = 0;
+    long long seed = (long long)tp.seed, n = 100000, group = 0;
+    int split_i = 0;
     const char *out = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int r = task_opt(argc, argv, &i, &tp);
-        if (r < 0) {
-            data_usage();
-            return 2;
-        }
-        if (r) continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            data_usage();
-            return 0;
-        } else if (!v && (!strcmp(a, "--split") || !strcmp(a, "--n") || !strcmp(a, "--group") || !strcmp(a, "-o") ||
-                          !strcmp(a, "--out"))) {
-            fprintf(stderr, "tandem: %s needs a value\n", a);
-            data_usage();
-            return 2;
-        } else if (!strcmp(a, "--split")) {
-            i++;
-            if (!strcmp(v, "train")) split = TD_RL_SPLIT_TRAIN;
-            else if (!strcmp(v, "eval")) split = TD_RL_SPLIT_EVAL;
-            else {
-                fprintf(stderr, "tandem: --split expects train or eval\n");
-                data_usage();
-                return 2;
-            }
-        } else if (!strcmp(a, "--n")) {
-            i++;
-            if (!td_arg_int(a, v, 1, 1L << 40, &n)) {
-                data_usage();
-                return 2;
-            }
-        } else if (!strcmp(a, "--group")) {
-            i++;
-            if (!td_arg_int(a, v, 0, 1L << 30, &group)) {
-                data_usage();
-                return 2;
-            }
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--out")) {
-            out = argv[++i];
-        } else {
-            fprintf(stderr, "tandem: rl data: unknown option %s\n", a);
-            data_usage();
-            return 2;
-        }
-    }
+    const td_opt opts[] = {
+        TASK_OPTS(tp, seed),
+        {TD_OPT_SEC("output:")},
+        {TD_OPT_C("split", &split_i, "train eval", "train|eval", "which split (default train)")},
+        {TD_OPT_I("n", &n, 1, 1LL << 40, "N", "problems (default 100000)")},
+        {TD_OPT_I("group", &group, 0, 1 << 30, "G",
+                  "a blank line after every G problems: documents of G problems for\n"
+                  "`tandem data prepare --docs blank --sep bos`, so that the first\n"
+                  "problem of each follows BOS as an eval prompt does; all but the\n"
+                  "last end with the stop string (data prepare drops a document's\n"
+                  "final newline). Default 0: no blank lines")},
+        {TD_OPT_S("out", &out, "FILE", "output file (- for stdout)"), .shorts = "o"},
+    };
+    const td_opts ot = {.prog = "tandem rl data",
+                        .usage = "usage: tandem rl data [options] -o FILE\n"
+                                 "  Writes problems 0..N-1 of a task's split as SFT text, one `PROMPTANSWER` line each,\n"
+                                 "  the newline being the task's stop string (e.g. `4821+90377=95198`).\n",
+                        .opts = opts,
+                        .n = (int)(sizeof opts / sizeof opts[0]),
+                        .max_pos = 0};
+    int n_pos = 0, parsed = td_opts_parse(&ot, argc, argv, &n_pos);
+    if (parsed <= 0) return parsed == 0 ? 0 : 2;
+    tp.seed = (uint64_t)seed;
+    td_rl_split split = split_i ? TD_RL_SPLIT_EVAL : TD_RL_SPLIT_TRAIN;
     if (!out) {
-        fprintf(stderr, "tandem: rl data needs -o FILE\n");
-        data_usage();
+        fprintf(stderr, "tandem rl data: needs -o FILE (see --help)\n");
         return 2;
     }
     td_err err = {0};
@@ -141,7 +81,7 @@ int td_cmd_rl_data(int argc, char **argv) {
     }
     int rc = 0;
     td_rl_problem pr;
-    for (long i = 0; i < n; i++) {
+    for (long long i = 0; i < n; i++) {
         if (task.vt->problem(task.ctx, split, (uint64_t)i, &pr, &err)) {
             fprintf(stderr, "tandem: rl data: %s\n", err.msg);
             rc = 1;
@@ -158,92 +98,47 @@ int td_cmd_rl_data(int argc, char **argv) {
         perror(out);
         rc = 1;
     }
-    if (!rc) TD_LOGI("rl data: %ld %s problems of %s -> %s", n, split ? "eval" : "train", task.vt->name, out);
+    if (!rc) TD_LOGI("rl data: %lld %s problems of %s -> %s", n, split ? "eval" : "train", task.vt->name, out);
     td_rl_task_free(&task);
     return rc;
-}
-
-static void eval_usage(void) {
-    fprintf(stderr,
-            "usage: tandem rl eval MODEL [options]\n"
-            "  Greedy pass@1 and pass@k (k samples at --temperature, one n = k request per problem)\n"
-            "  on eval-split problems 0..N-1, through the serving engine.\n" TASK_OPTS_HELP
-            "  --n N                problems (default 2000)\n"
-            "  --k K                samples per problem (default 8; 0: greedy only)\n"
-            "  --temperature T      of the samples (default 1)\n"
-            "  --max-tokens N       per completion (default 16)\n"
-            "  --inflight N         requests submitted at once (default 64)\n"
-            "  --max-seqs N         the engine's running sequences (default 64)\n"
-            "  --timeout S          the whole evaluation's deadline in seconds (default 600)\n"
-            "  --threads T          forward threads (default: all CPUs)\n"
-            "  --json FILE          also write the result as JSON\n");
 }
 
 int td_cmd_rl_eval(int argc, char **argv) {
     td_rl_task_params tp = td_rl_task_default_params();
     td_rl_eval_params ep = td_rl_eval_default_params();
     const char *model = NULL, *json = NULL;
-    long threads = 0, max_seqs = 64;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int r = task_opt(argc, argv, &i, &tp);
-        if (r < 0) {
-            eval_usage();
-            return 2;
-        }
-        if (r) continue;
-        long x;
-        double d;
-        int ok = 1;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            eval_usage();
-            return 0;
-        } else if (a[0] == '-' && a[1] && !v) {
-            fprintf(stderr, "tandem: %s needs a value\n", a);
-            ok = 0;
-        } else if (!strcmp(a, "--n")) {
-            ok = td_arg_int(a, argv[++i], 1, 1 << 24, &x);
-            ep.n_problems = (int)x;
-        } else if (!strcmp(a, "--k")) {
-            ok = td_arg_int(a, argv[++i], 0, TD_ENG_MAX_N, &x);
-            ep.k = (int)x;
-        } else if (!strcmp(a, "--temperature")) {
-            ok = td_arg_float(a, argv[++i], 0, 100, &d);
-            ep.temperature = (float)d;
-        } else if (!strcmp(a, "--max-tokens")) {
-            ok = td_arg_int(a, argv[++i], 1, 1 << 20, &x);
-            ep.max_tokens = (int)x;
-        } else if (!strcmp(a, "--inflight")) {
-            ok = td_arg_int(a, argv[++i], 1, 1 << 16, &x);
-            ep.max_inflight = (int)x;
-        } else if (!strcmp(a, "--max-seqs")) {
-            ok = td_arg_int(a, argv[++i], 1, 1 << 16, &max_seqs);
-        } else if (!strcmp(a, "--timeout")) {
-            ok = td_arg_float(a, argv[++i], 0.001, 2e6, &d);
-            ep.timeout_ms = (int)(d * 1000);
-        } else if (!strcmp(a, "--threads")) {
-            ok = td_arg_int(a, argv[++i], 0, 4096, &threads);
-        } else if (!strcmp(a, "--json")) {
-            json = argv[++i];
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "tandem: rl eval: unknown option %s\n", a);
-            ok = 0;
-        } else if (model) {
-            fprintf(stderr, "tandem: rl eval: one MODEL only (%s, %s)\n", model, a);
-            ok = 0;
-        } else {
-            model = a;
-        }
-        if (!ok) {
-            eval_usage();
-            return 2;
-        }
-    }
+    long long seed = (long long)tp.seed;
+    int threads = 0, max_seqs = 64;
+    double timeout_s = ep.timeout_ms / 1000.0;
+    const td_opt opts[] = {
+        TASK_OPTS(tp, seed),
+        {TD_OPT_SEC("evaluation:")},
+        {TD_OPT_I("n", &ep.n_problems, 1, 1 << 24, "N", "problems (default 2000)")},
+        {TD_OPT_I("k", &ep.k, 0, TD_ENG_MAX_N, "K", "samples per problem (default 8; 0: greedy only)")},
+        {TD_OPT_F("temperature", &ep.temperature, 0, 100, "T", "of the samples (default 1)")},
+        {TD_OPT_I("max-tokens", &ep.max_tokens, 1, 1 << 20, "N", "per completion (default 16)")},
+        {TD_OPT_I("inflight", &ep.max_inflight, 1, 1 << 16, "N", "requests submitted at once (default 64)")},
+        {TD_OPT_I("max-seqs", &max_seqs, 1, 1 << 16, "N", "the engine's running sequences (default 64)")},
+        {TD_OPT_F("timeout", &timeout_s, 0.001, 2e6, "S", "the whole evaluation's deadline in seconds (default 600)")},
+        {TD_OPT_I("threads", &threads, 0, 4096, "T", "forward threads (default: all CPUs)")},
+        {TD_OPT_S("json", &json, "FILE", "also write the result as JSON")},
+    };
+    const td_opts ot = {.prog = "tandem rl eval",
+                        .usage = "usage: tandem rl eval MODEL [options]\n"
+                                 "  Greedy pass@1 and pass@k (k samples at --temperature, one n = k request per problem)\n"
+                                 "  on eval-split problems 0..N-1, through the serving engine.\n",
+                        .opts = opts,
+                        .n = (int)(sizeof opts / sizeof opts[0]),
+                        .max_pos = 1};
+    int n_pos = 0, pr = td_opts_parse(&ot, argc, argv, &n_pos);
+    if (pr <= 0) return pr == 0 ? 0 : 2;
+    if (n_pos) model = argv[1];
     if (!model) {
-        fprintf(stderr, "tandem: rl eval needs a MODEL (HF directory or .gguf)\n");
-        eval_usage();
+        fprintf(stderr, "tandem rl eval: needs a MODEL (HF directory or .gguf; see --help)\n");
         return 2;
     }
+    tp.seed = (uint64_t)seed;
+    ep.timeout_ms = (int)(timeout_s * 1000);
     ep.seed = tp.seed;
     td_err err = {0};
     td_rl_task task = {0};

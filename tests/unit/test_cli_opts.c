@@ -364,7 +364,7 @@ int main(void) {
     }
     const char *cmds[] = {"run", "serve", "train", "tokenize", "detokenize", "convert", "quantize", "export",
                           "weights push", "weights get", "tokenizer train", "data prepare", "bench pp", "bench tg",
-                          "bench batched", "bench ceilings", "eval", "plot", "rl --config x"};
+                          "bench batched", "bench ceilings", "eval", "plot", "rl --config x", "rl data", "rl eval"};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) test_command(cmds[i]);
     char model[1024];
     snprintf(model, sizeof model, "%s/ref/llama2", td_test_data_dir());
