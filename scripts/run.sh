@@ -10,7 +10,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh >&2
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-make -C build -j2 tandem 2>&1 | grep -E 'warning|error' >&2 || true
+# A failed build stops here, with the compiler's errors: never serve a binary left by an earlier build.
+log=$(mktemp)
+if ! make -C build -j2 tandem >"$log" 2>&1; then
+  grep -E 'error|Error' "$log" >&2 || tail -n 40 "$log" >&2
+  rm -f "$log"
+  echo "run: the build failed; not starting the old build/tandem" >&2
+  exit 1
+fi
+grep -E 'warning' "$log" >&2 || true
+rm -f "$log"
 [ -x build/tandem ] || { echo "run: the build failed" >&2; exit 1; }
 
 mode=serve

@@ -17,6 +17,17 @@ step() {  # step NAME CMD...: runs a stage, counts it
   if "$@"; then passed=$((passed + 1)); else echo "*** FAILED: $name"; failed=$((failed + 1)); fi
 }
 
+# ctest that fails when no test is registered (a build directory whose cached options register none)
+# and prints how many ran.
+run_ctest() {  # run_ctest DIR [ctest args...]
+  local dir=$1; shift
+  local n
+  n=$(ctest --test-dir "$dir" -N "$@" | sed -n 's/^Total Tests: *//p')
+  echo "($dir: ${n:-0} tests registered)"
+  [ "${n:-0}" -gt 0 ] || { echo "no tests registered in $dir: its CMake cache registers none (TANDEM_FUZZ?)"; return 1; }
+  ctest --test-dir "$dir" --output-on-failure --no-tests=error "$@"
+}
+
 build() {  # build DIR [cmake args...]
   local dir=$1; shift
   cmake -S . -B "$dir" "$@" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; return 1; }
@@ -31,22 +42,23 @@ oracles() {
   done
 }
 
-step "build (release)" build build -DCMAKE_BUILD_TYPE=Release
+step "build (release)" build build -DCMAKE_BUILD_TYPE=Release -DTANDEM_FUZZ=OFF -DTANDEM_SANITIZE=OFF
 step "oracles (PyTorch, Hugging Face tokenizers, Jinja)" oracles
-step "tests (release)" ctest --test-dir build --output-on-failure -j"$JOBS"
+step "tests (release)" run_ctest build -j"$JOBS"
 
 if [ "${SKIP_ASAN:-0}" != 1 ]; then
-  step "build (ASan+UBSan)" build build-asan -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=ON -DTANDEM_CUDA=OFF
+  step "build (ASan+UBSan)" build build-asan -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=ON -DTANDEM_CUDA=OFF -DTANDEM_FUZZ=OFF
   step "tests (ASan+UBSan)" env ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure -j"$JOBS" -L unit
+    run_ctest build-asan -j"$JOBS" -L unit
 fi
 
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
   fuzz() {
     CC=clang CXX=clang++ build build-fuzz -DCMAKE_BUILD_TYPE=Debug -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF || return 1
-    local rc=0
+    local rc=0 ran=0
     for f in build-fuzz/fuzz_*; do
       [ -x "$f" ] || continue
+      ran=$((ran + 1))
       local name; name=$(basename "$f"); local corpus=tests/fuzz/corpus/${name#fuzz_}
       local work=build-fuzz/corpus-${name#fuzz_}; mkdir -p "$work"
       echo "--- $name (${FUZZ_SECONDS:-30} s, seeds: $corpus)"
@@ -55,6 +67,8 @@ if [ "${SKIP_FUZZ:-0}" != 1 ]; then
         || { tail -n 40 "build-fuzz/$name.log"; rc=1; }
       grep -E '^(#[0-9]+\s+DONE|Done)' "build-fuzz/$name.log" | tail -n 1
     done
+    [ "$ran" -gt 0 ] || { echo "no fuzz target was built"; return 1; }
+    echo "($ran fuzz targets ran)"
     return $rc
   }
   step "fuzz" fuzz
