@@ -48,8 +48,8 @@ step "tests (release)" run_ctest build -j"$JOBS"
 
 if [ "${SKIP_ASAN:-0}" != 1 ]; then
   step "build (ASan+UBSan)" build build-asan -DCMAKE_BUILD_TYPE=Debug -DTANDEM_SANITIZE=ON -DTANDEM_CUDA=OFF -DTANDEM_FUZZ=OFF
-  step "tests (ASan+UBSan)" env ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    run_ctest build-asan -j"$JOBS" -L unit
+  asan_tests() { ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 run_ctest build-asan -j"$JOBS" -L unit; }
+  step "tests (ASan+UBSan)" asan_tests
 fi
 
 if [ "${SKIP_FUZZ:-0}" != 1 ]; then
