@@ -1,6 +1,6 @@
 // `tandem convert` and `tandem quantize`: thin argument parsing over model/export.h. Exit status 0
 // on success, 1 on a runtime error (message on stderr), 2 on a usage error.
-// Not here: any format logic (export.c, gguf_write.c, safetensors_write.c).
+// Not here: any format logic (model/export.c, format/gguf_write.c, format/safetensors_write.c).
 #include "cli/cmd_convert.h"
 
 #include <errno.h>
@@ -12,8 +12,8 @@
 #include "base/file.h"
 #include "base/opts.h"
 #include "base/log.h"
+#include "format/gguf.h"
 #include "model/export.h"
-#include "model/gguf.h"
 #include "model/model.h"
 
 // Parses "123", "64K", "500M", "5G", "5GB" (powers of 1000, as transformers does) into bytes.

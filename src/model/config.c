@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "model/gguf.h"
+#include "format/gguf.h"
 
 const char *td_arch_name(td_arch a) {
     switch (a) {

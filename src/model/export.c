@@ -1,7 +1,7 @@
 // Model export to Hugging Face directories and GGUF files, and GGUF requantization (see export.h).
 // Tensor names, order and layout follow llama.cpp's convert_hf_to_gguf.py for the llama/qwen2/qwen3
 // architectures; one tensor's f32 values are in memory at a time (plus its encoded form).
-// Not here: the container formats themselves (gguf_write.c, safetensors_write.c).
+// Not here: the container formats themselves (format/gguf_write.c, format/safetensors_write.c).
 #include "model/export.h"
 
 #include <cjson/cJSON.h>
@@ -13,13 +13,13 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "base/afile.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "base/threadpool.h"
-#include "model/gguf.h"
-#include "model/gguf_write.h"
-#include "model/safetensors_write.h"
-#include "base/afile.h"
+#include "format/gguf.h"
+#include "format/gguf_write.h"
+#include "format/safetensors_write.h"
 
 #define MAX_JSON_BYTES (256u << 20)
 

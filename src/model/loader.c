@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "base/file.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
+#include "format/safetensors.h"
 #include "model/model.h"
-#include "model/safetensors.h"
 
 #define MAX_JSON_BYTES (64u << 20)  // config/index JSON larger than this is refused
 

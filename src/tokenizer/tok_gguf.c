@@ -1,10 +1,10 @@
 // Loader for tokenizers stored in GGUF metadata (tokenizer.ggml.*), as llama.cpp writes them:
 // "gpt2" = byte-level BPE with merges and a pre-tokenizer named by tokenizer.ggml.pre, "llama" =
 // SentencePiece vocab with scores (merged by score, byte fallback via <0xXX> tokens).
-// Not here: the GGUF parser itself (model/gguf.c), "bert"/"t5"/"rwkv" vocabularies.
+// Not here: the GGUF parser itself (format/gguf.c), "bert"/"t5"/"rwkv" vocabularies.
 #include <stdlib.h>
 #include <string.h>
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "tokenizer/tok_impl.h"
 
 enum { GGUF_TT_NORMAL = 1, GGUF_TT_UNKNOWN = 2, GGUF_TT_CONTROL = 3, GGUF_TT_USER = 4, GGUF_TT_UNUSED = 5, GGUF_TT_BYTE = 6 };

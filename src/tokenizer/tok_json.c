@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/file.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "tokenizer/tok_impl.h"
 
 #define JSON_MAX_BYTES ((size_t)1 << 30)

@@ -4,8 +4,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "format/gguf.h"
 #include "model/config.h"
-#include "model/gguf.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     td_gguf *g;

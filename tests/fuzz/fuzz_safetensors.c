@@ -2,7 +2,7 @@
 // and last byte of its data.
 #include <stdint.h>
 
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     td_st_file *f;

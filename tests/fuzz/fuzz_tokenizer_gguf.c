@@ -3,7 +3,7 @@
 // Seeds: tests/fuzz/corpus/tokenizer_gguf/ (tests/tokenizer/make_small_tokenizers.py writes them).
 #include <stdint.h>
 #include <stdlib.h>
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -3,7 +3,7 @@
 #ifndef TD_TEST_ORACLE_FILE_H
 #define TD_TEST_ORACLE_FILE_H
 
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 #include "test_util.h"
 
 static inline const float *oget(td_st_file *o, const char *name, int64_t n) {

@@ -29,12 +29,12 @@
 
 #include "base/file.h"
 #include "cli/cmd_convert.c"  // the CLI entry points, linked here without the tandem binary
+#include "format/gguf.h"
+#include "format/gguf_write.h"
+#include "format/safetensors.h"
 #include "model/export.h"
 #include "model/forward.h"
-#include "model/gguf.h"
-#include "model/gguf_write.h"
 #include "model/model.h"
-#include "model/safetensors.h"
 #include "kernel_choice.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"

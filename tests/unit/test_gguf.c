@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "base/file.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "format_samples.h"
 #include "test_util.h"
 

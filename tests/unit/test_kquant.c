@@ -11,8 +11,8 @@
 #include <sys/stat.h>
 
 #include "base/file.h"
-#include "model/gguf.h"
-#include "model/gguf_write.h"
+#include "format/gguf.h"
+#include "format/gguf_write.h"
 #include "run_cmd.h"
 #include "tensor/dtype.h"
 #include "test_util.h"

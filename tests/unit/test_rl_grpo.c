@@ -16,8 +16,8 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "format/safetensors.h"
 #include "model/model.h"
-#include "model/safetensors.h"
 #include "rl/grpo.h"
 #include "rl/rollout.h"
 #include "oracle_file.h"

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "base/file.h"
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 #include "format_samples.h"
 #include "test_util.h"
 

@@ -6,8 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 #include "base/file.h"
+#include "format/gguf.h"
 #include "test_util.h"
-#include "model/gguf.h"
 #include "tokenizer/tok_impl.h"  // tok_set_match_limit
 #include "tokenizer/tokenizer.h"
 

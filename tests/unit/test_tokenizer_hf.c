@@ -8,7 +8,7 @@
 #include <time.h>
 #include <string.h>
 #include "base/file.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "format/safetensors.h"
 #include "model/forward.h"
 #include "model/model.h"
-#include "model/safetensors.h"
 #include "oracle_file.h"
 #include "test_util.h"
 #include "train/gemm.h"

@@ -2,7 +2,7 @@
 // Known dtypes are sized and bounds-checked at open even when unsupported, so a later request for
 // them fails with TD_ERR_UNSUPPORTED rather than a read past the end. Not a writer.
 #define _GNU_SOURCE  // qsort_r
-#include "model/safetensors.h"
+#include "format/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>

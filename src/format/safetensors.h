@@ -1,8 +1,8 @@
 // safetensors reader: an 8-byte little-endian header length, a JSON header, then raw tensor data.
 // The header is validated completely at open (dtypes, shapes, offsets within the file, no
 // overlaps beyond bounds); tensor views point into the read-only mapping (no copy).
-#ifndef TD_MODEL_SAFETENSORS_H
-#define TD_MODEL_SAFETENSORS_H
+#ifndef TD_FORMAT_SAFETENSORS_H
+#define TD_FORMAT_SAFETENSORS_H
 
 #include <stddef.h>
 #include "base/status.h"

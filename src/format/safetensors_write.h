@@ -2,9 +2,9 @@
 // is written as an 8-byte little-endian header length, the JSON header (padded with spaces to a
 // multiple of 8 bytes), and the data streamed in declaration order. Written to a temporary file
 // that is fsync'd and renamed over the final name by td_st_w_finish only.
-// Not here: reading (safetensors.h), sharding and the index file (export.c).
-#ifndef TD_MODEL_SAFETENSORS_WRITE_H
-#define TD_MODEL_SAFETENSORS_WRITE_H
+// Not here: reading (safetensors.h), sharding and the index file (model/export.c).
+#ifndef TD_FORMAT_SAFETENSORS_WRITE_H
+#define TD_FORMAT_SAFETENSORS_WRITE_H
 
 #include <stddef.h>
 #include <stdint.h>

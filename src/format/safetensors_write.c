@@ -1,6 +1,6 @@
 // safetensors writer (see safetensors_write.h). The header is built with cJSON once all tensors
 // are declared; data offsets are contiguous, as the format and transformers' writer have them.
-#include "model/safetensors_write.h"
+#include "format/safetensors_write.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 // GGUF v2/v3 reader over a read-only mapping: header, key/value metadata, tensor infos.
 // Parsing walks the bytes once with a bounds-checked cursor; every count is checked against the
 // bytes that remain before anything is allocated. Not a writer, and no dequantization here.
-#include "model/gguf.h"
+#include "format/gguf.h"
 
 #include <inttypes.h>
 #include <stdlib.h>

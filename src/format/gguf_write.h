@@ -2,15 +2,15 @@
 // precomputed aligned offsets, then tensor data streamed in the order the tensors were declared.
 // The output goes to "<path>.tmp.<pid>" and is fsync'd and renamed over `path` only by
 // td_gguf_w_finish, so a failed or abandoned write never leaves a partial file under `path`.
-// Not here: reading (gguf.h), choosing names or types (export.h).
-#ifndef TD_MODEL_GGUF_WRITE_H
-#define TD_MODEL_GGUF_WRITE_H
+// Not here: reading (gguf.h), choosing names or types (model/export.h).
+#ifndef TD_FORMAT_GGUF_WRITE_H
+#define TD_FORMAT_GGUF_WRITE_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "base/status.h"
-#include "model/gguf.h"
+#include "format/gguf.h"
 
 #define TD_GGUF_ALIGNMENT 32  // bytes; written as general.alignment
 

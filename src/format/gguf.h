@@ -3,8 +3,8 @@
 // hostile file yields TD_ERR_FORMAT naming the problem, never an out-of-bounds read; two tensors
 // whose data ranges overlap are refused at open, both named.
 // Strings point into the mapping and are NOT NUL-terminated: use (ptr, len).
-#ifndef TD_MODEL_GGUF_H
-#define TD_MODEL_GGUF_H
+#ifndef TD_FORMAT_GGUF_H
+#define TD_FORMAT_GGUF_H
 
 #include <stdbool.h>
 #include <stdint.h>

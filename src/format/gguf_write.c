@@ -1,7 +1,7 @@
 // GGUF v3 writer (see gguf_write.h). Metadata is serialised into one growing buffer as it is
 // added; tensor offsets are assigned at declaration, so the header is final before any data.
 // Not here: choosing tensors or types (export.c).
-#include "model/gguf_write.h"
+#include "format/gguf_write.h"
 
 #include <stdlib.h>
 #include <string.h>
