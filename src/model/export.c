@@ -20,6 +20,7 @@
 #include "format/gguf.h"
 #include "format/gguf_write.h"
 #include "format/safetensors_write.h"
+#include "tokenizer/tokenizer.h"
 
 #define MAX_JSON_BYTES (256u << 20)
 
@@ -582,31 +583,6 @@ static const char QWEN2_RE[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
-// Finds the first Split pre-tokenizer's regex (NULL if none).
-static const char *find_split_regex(const cJSON *pt) {
-    if (!cJSON_IsObject(pt)) return NULL;
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(pt, "type");
-    if (cJSON_IsString(type) && !strcmp(type->valuestring, "Split")) {
-        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(pt, "pattern");
-        const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
-        return cJSON_IsString(re) ? re->valuestring : NULL;
-    }
-    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(pt, "pretokenizers"), *e;
-    cJSON_ArrayForEach(e, seq) {
-        const char *r = find_split_regex(e);
-        if (r) return r;
-    }
-    return NULL;
-}
-
-static int json_has(const cJSON *j, const char *needle) {
-    if (!j) return 0;
-    char *s = cJSON_PrintUnformatted(j);
-    int r = s && strstr(s, needle) != NULL;
-    free(s);
-    return r;
-}
-
 // A string -> id map with open addressing (cJSON object lookups are linear; vocabularies are 100k+).
 // Keys are borrowed (they point into cJSON strings or a GGUF mapping that outlive the map).
 typedef struct {
@@ -650,236 +626,160 @@ static int32_t strmap_get(const strmap *m, const char *k, size_t n) {
     return -1;
 }
 
-static const char *cfg_token(const cJSON *cfg, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
-    if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
-    return cJSON_IsString(v) ? v->valuestring : NULL;
+// The tokenizer.ggml.pre name of a byte-level tokenizer's pre-tokenizer, or NULL if llama.cpp has
+// none for it: GPT-2's regex run by ByteLevel itself, or one Split with Llama 3's or Qwen2's regex
+// before a ByteLevel that does not split again.
+static const char *gguf_pre_name(const td_tokenizer_info *ti) {
+    if (ti->n_split == 0) return ti->bytelevel_regex ? "gpt-2" : NULL;
+    if (ti->n_split > 1 || ti->split_literal || ti->bytelevel_regex) return NULL;
+    if (!strcmp(ti->split_pattern, LLAMA3_RE)) return "llama-bpe";
+    if (!strcmp(ti->split_pattern, QWEN2_RE)) return "qwen2";
+    return NULL;
 }
 
+// The tokenizer is read once, by the tokenizer room's loader (td_tokenizer_load: tokenizer.json
+// and tokenizer_config.json); everything below asks the loaded td_tokenizer.
 td_status td_export_tokenizer_gguf(td_gguf_writer *w, const char *tokenizer, int vocab_size,
                                    const td_model_config *mc, td_err *err) {
-    char tdir[4096], tjson[4096], cpath[4096];
+    char tdir[4096], tjson[4096];
     td_status st = tok_paths(tokenizer, tdir, sizeof tdir, tjson, err);
     if (st) return st;
-    char *text = NULL;
-    size_t len = 0;
-    cJSON *tj = NULL, *cfg = NULL;
+    td_tokenizer *t = NULL;
+    if ((st = td_tokenizer_load(tjson, &t, err))) return st;  // err names the file
+    td_tokenizer_info ti;
+    td_tokenizer_get_info(t, &ti);
     const char **tokens = NULL;
     int32_t *types = NULL;
     float *scores = NULL;
+    char **owned = NULL;   // [n] token spellings
     const char **merges = NULL;
-    char **owned = NULL;  // joined merge strings
-    int n_merges = 0, n = 0;  // merges, tokens
-    if ((st = td_read_file(tjson, MAX_JSON_BYTES, &text, &len, err))) return st;
-    tj = cJSON_ParseWithLength(text, len);
-    free(text);
-    text = NULL;
-    if (!tj) return td_err_set(err, TD_ERR_FORMAT, "%s: malformed JSON", tjson);
-    if (td_path_join(cpath, sizeof cpath, tdir, "tokenizer_config.json") && td_file_exists(cpath)) {
-        if ((st = td_read_file(cpath, MAX_JSON_BYTES, &text, &len, err))) goto done;
-        cfg = cJSON_ParseWithLength(text, len);
-        free(text);
-        if (!cfg) {
-            st = td_err_set(err, TD_ERR_FORMAT, "%s: malformed JSON", cpath);
-            goto done;
-        }
-    }
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(tj, "model");
-    const cJSON *mtype = cJSON_GetObjectItemCaseSensitive(model, "type");
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    const cJSON *jm = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    const cJSON *added = cJSON_GetObjectItemCaseSensitive(tj, "added_tokens");
-    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(tj, "pre_tokenizer");
-    if (!cJSON_IsObject(vocab) || (mtype && !(cJSON_IsString(mtype) && !strcmp(mtype->valuestring, "BPE")))) {
-        st = td_err_set(err, TD_ERR_UNSUPPORTED, "%s: only BPE tokenizers convert to GGUF (model.type %s)", tjson,
-                        cJSON_IsString(mtype) ? mtype->valuestring : "?");
-        goto done;
-    }
-    int byte_level = json_has(pre, "\"ByteLevel\"") || json_has(cJSON_GetObjectItemCaseSensitive(tj, "decoder"), "\"ByteLevel\"");
-    const cJSON *bf = cJSON_GetObjectItemCaseSensitive(model, "byte_fallback");
-    int spm = !byte_level && (cJSON_IsTrue(bf) || json_has(pre, "Metaspace") ||
-                              json_has(cJSON_GetObjectItemCaseSensitive(tj, "normalizer"), "\\u2581") ||
-                              json_has(cJSON_GetObjectItemCaseSensitive(tj, "normalizer"), "\xe2\x96\x81"));
+    char **mown = NULL;    // [n_merges] "a b" strings
+    td_tokenizer_merge *tm = NULL;
+    size_t n_merges = 0;
+    int n = 0;  // tokens
+    const bool byte_level = ti.byte_level, spm = ti.sentencepiece;
     if (!byte_level && !spm) {
         st = td_err_set(err, TD_ERR_UNSUPPORTED, "%s: neither a byte-level BPE nor a SentencePiece-style BPE", tjson);
         goto done;
     }
     // Token count: highest id + 1, padded up to the model's vocabulary.
-    n = vocab_size > 0 ? vocab_size : 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, vocab) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > (1 << 24)) {
-            st = td_err_set(err, TD_ERR_FORMAT, "%s: bad id for token %.100s", tjson, e->string);
-            goto done;
-        }
-        if (e->valueint + 1 > n) n = e->valueint + 1;
-    }
-    cJSON_ArrayForEach(e, added) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > (1 << 24)) {
-            st = td_err_set(err, TD_ERR_FORMAT, "%s: added token without a valid id", tjson);
-            goto done;
-        }
-        if (id->valueint + 1 > n) n = id->valueint + 1;
-    }
+    n = td_tokenizer_vocab_size(t);
     if (vocab_size > 0 && n > vocab_size) {
         // llama.cpp sizes the embedding by the token list: they must agree.
         st = td_err_set(err, TD_ERR_INVALID, "%s: the tokenizer has ids up to %d but the model's vocab_size is %d", tjson,
                         n - 1, vocab_size);
         goto done;
     }
+    if (vocab_size > n) n = vocab_size;
     tokens = calloc((size_t)n, sizeof *tokens);
     types = malloc((size_t)n * sizeof *types);
-    owned = calloc((size_t)n + 1, sizeof *owned);  // [PADi] names
+    owned = calloc((size_t)n, sizeof *owned);
     if (!tokens || !types || !owned) {
         st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
         goto done;
     }
-    cJSON_ArrayForEach(e, vocab) {
-        tokens[e->valueint] = e->string;
-        types[e->valueint] = TT_NORMAL;
-    }
-    cJSON_ArrayForEach(e, added) {
-        int id = cJSON_GetObjectItemCaseSensitive(e, "id")->valueint;
-        const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "content");
-        if (!cJSON_IsString(c)) {
-            st = td_err_set(err, TD_ERR_FORMAT, "%s: added token %d has no content", tjson, id);
-            goto done;
-        }
-        tokens[id] = c->valuestring;
-        types[id] = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "special")) ? TT_CONTROL : TT_USER;
-    }
+    // Spellings as in tokenizer.json ("Ġthe", "▁the", "<|im_end|>"); ids nobody uses are [PADi].
     for (int i = 0; i < n; i++) {
-        if (tokens[i]) continue;
-        char b[32];
-        snprintf(b, sizeof b, "[PAD%d]", i);
-        if (!(owned[i] = strdup(b))) {
+        int len = td_tokenizer_id_to_piece(t, i, NULL, 0);
+        const bool present = len >= 0;
+        char pad[32];
+        if (!present) len = snprintf(pad, sizeof pad, "[PAD%d]", i);
+        if (!(owned[i] = malloc((size_t)len + 1))) {
             st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
             goto done;
         }
+        if (present) td_tokenizer_id_to_piece(t, i, owned[i], (size_t)len + 1);
+        else memcpy(owned[i], pad, (size_t)len + 1);
         tokens[i] = owned[i];
-        types[i] = TT_UNUSED;
+        if (!present) types[i] = TT_UNUSED;
+        else if (td_tokenizer_is_added(t, i)) types[i] = td_tokenizer_is_special(t, i) ? TT_CONTROL : TT_USER;
+        else types[i] = TT_NORMAL;
+        if (spm && types[i] == TT_NORMAL && len == 6 && !strncmp(owned[i], "<0x", 3) && owned[i][5] == '>')
+            types[i] = TT_BYTE;
+        if (spm && present && i == ti.unk_id) types[i] = TT_UNKNOWN;
     }
-    // Merges as "a b" strings.
-    int nm = cJSON_GetArraySize(jm);
-    merges = calloc((size_t)nm + 1, sizeof *merges);
-    char **mown = calloc((size_t)nm + 1, sizeof *mown);
-    if (!merges || !mown) {
-        free(mown);
-        st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    cJSON_ArrayForEach(e, jm) {
-        if (cJSON_IsString(e)) {
-            merges[n_merges++] = e->valuestring;
-        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(cJSON_GetArrayItem(e, 0)) &&
-                   cJSON_IsString(cJSON_GetArrayItem(e, 1))) {
-            const char *a = cJSON_GetArrayItem(e, 0)->valuestring, *b = cJSON_GetArrayItem(e, 1)->valuestring;
-            size_t la = strlen(a), lb = strlen(b);
-            char *s = malloc(la + lb + 2);
-            if (!s) {
-                st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
-                break;
-            }
-            memcpy(s, a, la);
-            s[la] = ' ';
-            memcpy(s + la + 1, b, lb + 1);
-            mown[n_merges] = s;
-            merges[n_merges++] = s;
-        } else {
-            st = td_err_set(err, TD_ERR_FORMAT, "%s: merge %d is neither \"a b\" nor [a, b]", tjson, n_merges);
-            break;
-        }
-    }
-    if (!st && spm) {
+    if ((st = td_tokenizer_merges(t, &tm, &n_merges, err))) goto done;
+    if (spm) {
         // SentencePiece vocabulary: scores make llama.cpp's merge-by-score reproduce the merge order:
         // score(piece) = -(rank of the first merge producing it); other pieces get -1e9.
-        scores = malloc((size_t)n * sizeof *scores);
-        strmap vm = {0};
-        if (!scores || !strmap_init(&vm, (size_t)n)) st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
-        cJSON_ArrayForEach(e, vocab) if (!st) strmap_put(&vm, e->string, strlen(e->string), e->valueint);
-        for (int i = 0; !st && i < n; i++) scores[i] = -1e9f;
-        for (int r = n_merges - 1; !st && r >= 0; r--) {  // backwards: the first rank wins
-            const char *m = merges[r], *sp = strchr(m, ' ');
-            if (!sp) continue;
-            size_t la = (size_t)(sp - m), lb = strlen(sp + 1);
-            char piece[512];
-            if (la + lb >= sizeof piece) continue;
-            memcpy(piece, m, la);
-            memcpy(piece + la, sp + 1, lb + 1);
-            int32_t id = strmap_get(&vm, piece, la + lb);
-            if (id >= 0) scores[id] = -(float)r;
+        if (!(scores = malloc((size_t)n * sizeof *scores))) {
+            st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
+            goto done;
         }
-        strmap_free(&vm);
-        const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
-        for (int i = 0; !st && i < n; i++) {
-            const char *t = tokens[i];
-            if (types[i] == TT_NORMAL && strlen(t) == 6 && !strncmp(t, "<0x", 3) && t[5] == '>') types[i] = TT_BYTE;
-            if (cJSON_IsString(unk) && !strcmp(t, unk->valuestring)) types[i] = TT_UNKNOWN;
+        for (int i = 0; i < n; i++) scores[i] = -1e9f;
+        for (size_t r = n_merges; r-- > 0;)  // backwards: the first rank wins
+            if (tm[r].merged >= 0 && tm[r].merged < n) scores[tm[r].merged] = -(float)r;
+    } else {
+        // Merges as "a b" strings of the tokens' spellings.
+        merges = calloc(n_merges + 1, sizeof *merges);
+        mown = calloc(n_merges + 1, sizeof *mown);
+        if (!merges || !mown) {
+            st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
+            goto done;
         }
-    }
-    if (st) {
-        for (int i = 0; i < nm; i++) free(mown[i]);
-        free(mown);
-        goto done;
+        for (size_t r = 0; r < n_merges; r++) {
+            const char *a = tokens[tm[r].left], *b = tokens[tm[r].right];
+            size_t la = strlen(a), lb = strlen(b);
+            if (!(mown[r] = malloc(la + lb + 2))) {
+                st = td_err_set(err, TD_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            memcpy(mown[r], a, la);
+            mown[r][la] = ' ';
+            memcpy(mown[r] + la + 1, b, lb + 1);
+            merges[r] = mown[r];
+        }
     }
     st = td_gguf_w_str(w, "tokenizer.ggml.model", spm ? "llama" : "gpt2", spm ? 5 : 4, err);
     if (!st && byte_level) {
-        const char *re = find_split_regex(pre), *name = NULL;
-        if (!re) name = "gpt-2";  // ByteLevel's own GPT-2 regex
-        else if (!strcmp(re, LLAMA3_RE)) name = "llama-bpe";
-        else if (!strcmp(re, QWEN2_RE)) name = "qwen2";
-        if (!name)
-            st = td_err_set(err, TD_ERR_UNSUPPORTED, "%s: the pre-tokenizer regex is none llama.cpp knows by name "
-                            "(GPT-2, Llama 3, Qwen2): %.200s", tjson, re);
+        const char *name = gguf_pre_name(&ti);
+        if (!name && !ti.n_split)
+            st = td_err_set(err, TD_ERR_UNSUPPORTED, "%s: the pre-tokenizer splits with no regex (a ByteLevel without "
+                            "use_regex and no Split): none llama.cpp knows by name (GPT-2, Llama 3, Qwen2)", tjson);
+        else if (!name)
+            st = td_err_set(err, TD_ERR_UNSUPPORTED, "%s: the pre-tokenizer (%d Split, the first with the %s \"%.200s\"%s) "
+                            "is none llama.cpp knows by name (GPT-2, Llama 3, Qwen2)", tjson, ti.n_split,
+                            ti.split_literal ? "string" : "regex", ti.split_pattern,
+                            ti.bytelevel_regex ? ", then ByteLevel's own GPT-2 regex" : "");
         else st = td_gguf_w_str(w, "tokenizer.ggml.pre", name, strlen(name), err);
     }
     if (!st) st = td_gguf_w_arr_str(w, "tokenizer.ggml.tokens", tokens, NULL, (uint64_t)n, err);
     if (!st && spm) st = td_gguf_w_arr(w, "tokenizer.ggml.scores", TD_GGUF_FLOAT32, scores, (uint64_t)n, err);
     if (!st) st = td_gguf_w_arr(w, "tokenizer.ggml.token_type", TD_GGUF_INT32, types, (uint64_t)n, err);
     if (!st && byte_level) st = td_gguf_w_arr_str(w, "tokenizer.ggml.merges", merges, NULL, (uint64_t)n_merges, err);
-    for (int i = 0; i < nm; i++) free(mown[i]);
-    free(mown);
     if (st) goto done;
-    // Special tokens: tokenizer_config.json names them; the model config is the fallback.
+    // Special tokens: tokenizer_config.json names them; the model config is the fallback, then what
+    // the tokenizer itself has (its post-processor's BOS).
     {
-        int64_t bos = mc ? mc->bos_id : -1, eos = mc ? eos0(mc) : -1, unk_id = -1, pad = -1;
-        const char *bt = cfg_token(cfg, "bos_token"), *et = cfg_token(cfg, "eos_token"),
-                   *pt = cfg_token(cfg, "pad_token");
-        const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
-        for (int i = 0; i < n; i++) {
-            if (bt && !strcmp(tokens[i], bt)) bos = i;
-            if (et && !strcmp(tokens[i], et)) eos = i;
-            if (pt && !strcmp(tokens[i], pt)) pad = i;
-            if (cJSON_IsString(unk) && !strcmp(tokens[i], unk->valuestring)) unk_id = i;
-        }
+        const char *bt = td_tokenizer_bos_token(t), *et = td_tokenizer_eos_token(t);
+        int64_t bos = bt ? td_tokenizer_token_id(t, bt, strlen(bt)) : -1;
+        int64_t eos = et ? td_tokenizer_token_id(t, et, strlen(et)) : -1;
+        if (bos < 0) bos = mc ? mc->bos_id : td_tokenizer_bos_id(t);
+        if (eos < 0) eos = mc ? eos0(mc) : td_tokenizer_eos_id(t);
         if (!st && bos >= 0) st = td_gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)bos, err);
         if (!st && eos >= 0) st = td_gguf_w_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos, err);
-        if (!st && unk_id >= 0) st = td_gguf_w_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)unk_id, err);
-        if (!st && pad >= 0) st = td_gguf_w_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)pad, err);
-        // add_bos mirrors what the post-processor does with add_special_tokens.
-        const cJSON *post = cJSON_GetObjectItemCaseSensitive(tj, "post_processor");
-        if (!st) st = td_gguf_w_bool(w, "tokenizer.ggml.add_bos_token", json_has(post, "TemplateProcessing"), err);
-        if (!st && spm) {
-            const cJSON *norm = cJSON_GetObjectItemCaseSensitive(tj, "normalizer");
-            int prefix = json_has(norm, "Prepend") ||
-                         (json_has(pre, "Metaspace") && !json_has(pre, "\"never\"") && !json_has(pre, "\"add_prefix_space\":false"));
-            st = td_gguf_w_bool(w, "tokenizer.ggml.add_space_prefix", prefix, err);
-        }
-        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template");
-        if (!st && cJSON_IsString(ct))
-            st = td_gguf_w_str(w, "tokenizer.chat_template", ct->valuestring, strlen(ct->valuestring), err);
+        if (!st && ti.unk_id >= 0) st = td_gguf_w_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)ti.unk_id, err);
+        if (!st && ti.pad_id >= 0) st = td_gguf_w_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)ti.pad_id, err);
+        // add_bos / add_eos mirror what the post-processor adds with add_special_tokens.
+        if (!st) st = td_gguf_w_bool(w, "tokenizer.ggml.add_bos_token", ti.n_prefix > 0, err);
+        if (!st && ti.n_suffix > 0) st = td_gguf_w_bool(w, "tokenizer.ggml.add_eos_token", true, err);
+        if (!st && spm) st = td_gguf_w_bool(w, "tokenizer.ggml.add_space_prefix", ti.add_space_prefix, err);
+        const char *ct = td_tokenizer_chat_template(t);
+        if (!st && ct) st = td_gguf_w_str(w, "tokenizer.chat_template", ct, strlen(ct), err);
     }
 done:
     if (owned)
         for (int i = 0; i < n; i++) free(owned[i]);
-    cJSON_Delete(tj);
-    cJSON_Delete(cfg);
+    if (mown)
+        for (size_t r = 0; r < n_merges; r++) free(mown[r]);
+    free(owned);
+    free(mown);
+    free(merges);
+    free(tm);
     free(tokens);
     free(types);
     free(scores);
-    free(merges);
-    free(owned);
+    td_tokenizer_free(t);
     return st;
 }
 

@@ -79,8 +79,12 @@ int td_export_tensor_list(const td_model_config *cfg, td_export_tensor *out, int
 
 // Builds the tokenizer.ggml.* / tokenizer.chat_template metadata from a tokenizer.json (path as in
 // td_export_params.tokenizer) into a GGUF writer; vocab_size pads the token list with [PADi]
-// tokens as llama.cpp's converter does. bos/eos fall back to cfg when tokenizer_config.json lacks
-// them (cfg may be NULL).
+// tokens as llama.cpp's converter does. The files are read by td_tokenizer_load (one reader of
+// tokenizer files; anything it refuses fails here too) and described from td_tokenizer_info:
+// add_bos_token / add_eos_token say whether the post-processor adds tokens before / after the
+// text; a byte-level pre-tokenizer must be GPT-2's (ByteLevel with use_regex) or one Split with
+// Llama 3's or Qwen2's regex, else TD_ERR_UNSUPPORTED. bos/eos fall back to cfg when
+// tokenizer_config.json lacks them (cfg may be NULL: then the tokenizer's own).
 struct td_gguf_writer;
 td_status td_export_tokenizer_gguf(struct td_gguf_writer *w, const char *tokenizer, int vocab_size,
                                    const td_model_config *cfg, td_err *err);

@@ -35,7 +35,8 @@ static td_status add_pre_regex(td_tokenizer *t, const char *pat, td_err *err) {
     p->behavior = TOK_SPLIT_ISOLATED;
     td_status st = tok_compile_regex(pat, strlen(pat), false, &p->re, err);
     if (st) return st;
-    t->n_pre++;
+    t->n_pre++;  // from here td_tokenizer_free releases re and pattern
+    if (!(p->pattern = tok_strndup(pat, strlen(pat)))) return td_err_set(err, TD_ERR_NOMEM, "out of memory");
     return TD_OK;
 }
 
@@ -209,6 +210,8 @@ static td_status build(td_tokenizer *t, const td_gguf *g, td_err *err) {
 
     int64_t bos = opt_i64(g, "tokenizer.ggml.bos_token_id", -1), eos = opt_i64(g, "tokenizer.ggml.eos_token_id", -1);
     int64_t unk = opt_i64(g, "tokenizer.ggml.unknown_token_id", -1);
+    int64_t pad = opt_i64(g, "tokenizer.ggml.padding_token_id", -1);
+    t->pad_id = pad >= 0 && pad < (int64_t)n ? (int32_t)pad : -1;
     t->bos_id = bos >= 0 && bos < (int64_t)n ? (int32_t)bos : -1;
     t->eos_id = eos >= 0 && eos < (int64_t)n ? (int32_t)eos : -1;
     if (unk >= 0 && unk < (int64_t)n) t->unk_id = (int32_t)unk;

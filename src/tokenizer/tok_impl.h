@@ -30,6 +30,8 @@ typedef struct {
 typedef struct {
     int kind;
     pcre2_code *re;  // SPLIT, or BYTELEVEL with use_regex (GPT-2 pattern); JIT-compiled
+    char *pattern;   // SPLIT: the pattern as written (owned, NUL-terminated), for td_tokenizer_info
+    bool literal;    // SPLIT: pattern is a {"String": ...}, matched as is
     int behavior;    // TOK_SPLIT_*
     bool invert;
     bool add_prefix_space;  // BYTELEVEL
@@ -108,7 +110,7 @@ struct td_tokenizer {
     uint32_t dec_strip_char;  // code point to strip
 
     char *bos_token, *eos_token, *chat_template;
-    int32_t bos_id, eos_id;
+    int32_t bos_id, eos_id, pad_id;  // -1 if none
     bool add_bos;
     pcre2_match_context *mctx;  // NULL: PCRE2's default limits; set by tok_set_match_limit; owned
 };

@@ -113,8 +113,13 @@ static td_status parse_pre(td_tokenizer *t, const cJSON *n, td_err *err) {
         else if (!strcmp(b, "Contiguous")) p->behavior = TOK_SPLIT_CONTIGUOUS;
         else return td_err_set(err, TD_ERR_UNSUPPORTED, "Split behavior \"%s\"", b);
         p->invert = jbool(n, "invert", false);
+        p->literal = !re;
         td_status st = tok_compile_regex(pat, strlen(pat), !re, &p->re, err);
         if (st) return st;
+        if (!(p->pattern = tok_strndup(pat, strlen(pat)))) {
+            pcre2_code_free(p->re);
+            return td_err_set(err, TD_ERR_NOMEM, "out of memory");
+        }
     } else if (!strcmp(type, "ByteLevel")) {
         p->kind = TOK_PRE_BYTELEVEL;
         p->add_prefix_space = jbool(n, "add_prefix_space", true);
@@ -361,7 +366,9 @@ static const char *config_token(const cJSON *cfg, const char *key) {
 }
 
 static td_status parse_config(td_tokenizer *t, const cJSON *cfg, td_err *err) {
-    const char *bos = config_token(cfg, "bos_token"), *eos = config_token(cfg, "eos_token");
+    const char *bos = config_token(cfg, "bos_token"), *eos = config_token(cfg, "eos_token"),
+               *pad = config_token(cfg, "pad_token");
+    if (pad) t->pad_id = td_tokenizer_token_id(t, pad, strlen(pad));
     if (bos) {
         t->bos_token = tok_strndup(bos, strlen(bos));
         t->bos_id = td_tokenizer_token_id(t, bos, strlen(bos));

@@ -174,7 +174,7 @@ size_t tok_bytelevel_to_raw(const char *s, size_t n, char *out) {
 td_tokenizer *tok_alloc(void) {
     td_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return NULL;
-    t->unk_id = t->bos_id = t->eos_id = -1;
+    t->unk_id = t->bos_id = t->eos_id = t->pad_id = -1;
     for (int i = 0; i < 256; i++) t->byte_tok[i] = t->trie_root[0][i] = t->trie_root[1][i] = -1;
     return t;
 }
@@ -370,7 +370,7 @@ void td_tokenizer_free(td_tokenizer *t) {
     for (int i = 0; i < t->n_added; i++) free(t->added[i].s);
     free(t->added), free(t->trie);
     for (int i = 0; i < t->n_norm; i++) free(t->norm[i].a), free(t->norm[i].b);
-    for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re);
+    for (int i = 0; i < t->n_pre; i++) pcre2_code_free(t->pre[i].re), free(t->pre[i].pattern);
     pcre2_match_context_free(t->mctx);
     for (int i = 0; i < t->n_dec_replace; i++) free(t->dec_from[i]), free(t->dec_to[i]);
     free(t->bos_token), free(t->eos_token), free(t->chat_template);

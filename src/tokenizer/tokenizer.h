@@ -84,6 +84,38 @@ int td_tokenizer_id_to_piece(const td_tokenizer *t, int32_t id, char *buf, size_
 // For grammar matching (src/grammar/).
 int td_tokenizer_token_bytes(const td_tokenizer *t, int32_t id, char *buf, size_t cap);
 
+// What a converter needs to write a loaded tokenizer in another format (model/export.c writes
+// GGUF tokenizer.ggml.* from it). The tokenizer file is parsed once, by the loader: a converter
+// asks here instead of searching the file's text. Pointers are owned by t.
+typedef struct td_tokenizer_info {
+    bool byte_level;        // byte-level BPE: a ByteLevel pre-tokenizer (vocab strings GPT-2 byte-mapped)
+    bool sentencepiece;     // SentencePiece-style BPE: not byte-level, and byte_fallback, a Metaspace
+                            // pre-tokenizer or a normalizer that writes "▁"
+    bool bytelevel_regex;   // a ByteLevel pre-tokenizer splits with the GPT-2 pattern (use_regex)
+    int n_split;            // Split pre-tokenizers (GGUF: the regex tokenizer.ggml.pre names)
+    const char *split_pattern;  // the first Split's pattern as written; NULL if n_split == 0
+    bool split_literal;     // that pattern is a {"String": ...}, matched as is, not a regex
+    int n_prefix, n_suffix;  // ids the post-processor adds before / after the text (add_special)
+    bool add_space_prefix;  // "▁" is prepended to the text (a Prepend normalizer, or a Metaspace
+                            // pre-tokenizer with prepend_scheme always/first)
+    int32_t unk_id, pad_id;  // -1 if none (pad: tokenizer_config.json pad_token, GGUF padding_token_id)
+} td_tokenizer_info;
+void td_tokenizer_get_info(const td_tokenizer *t, td_tokenizer_info *info);
+
+// Whether id is one of the added tokens (tokenizer.json added_tokens; GGUF control, user-defined
+// and unknown tokens), special or not. False for out-of-range ids.
+bool td_tokenizer_is_added(const td_tokenizer *t, int32_t id);
+
+// One BPE merge: left + right -> merged (ids).
+typedef struct td_tokenizer_merge {
+    int32_t left, right, merged;
+} td_tokenizer_merge;
+// The BPE merge table in rank order (the first merge applies first). *out is malloc'd and the
+// caller frees it; *n is the count. A pair listed twice appears once, at the rank the loader kept
+// (tokenizer.json: the later, as HF; GGUF: the earlier, as llama.cpp). A GGUF SentencePiece
+// vocabulary merges by score and has no table (*out NULL, *n 0). TD_ERR_NOMEM only.
+td_status td_tokenizer_merges(const td_tokenizer *t, td_tokenizer_merge **out, size_t *n, td_err *err);
+
 // Encodes UTF-8 text like HF `tokenizer.encode(text, add_special_tokens=add_special).ids`:
 // added/special tokens are split out first, then normalizer, pre-tokenizer, BPE, and (with
 // add_special) the post-processor's BOS/EOS. Invalid UTF-8 in the input is replaced by U+FFFD per

@@ -14,6 +14,10 @@
 //  (5) the tokenizer metadata written into GGUF encodes like the tokenizer.json it came from
 //      (reference tokenizer, and the real Llama 2 / Llama 3 / Qwen3 files when tests/oracle is
 //      installed).
+//      Variants of the reference tokenizer.json check that export reads what the file means (the
+//      loaded td_tokenizer), not what its text contains: a TemplateProcessing that adds no BOS, one
+//      that adds only EOS, and byte-level pre-tokenizers llama.cpp has no name for (no regex; a
+//      Split given Llama 3's pattern as a literal string) are refused.
 //  (6) bad inputs fail with clear errors, and a failed write leaves nothing under the final name.
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -585,6 +589,147 @@ static void test_tokenizers(void) {
     printf("tokenizers: reference + %d real tokenizer.json files compared\n", n_real);
 }
 
+static int write_text(const char *path, const char *data, size_t n) {  // 0 on success
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(data, 1, n, f) == n;
+    if (f && fclose(f)) ok = 0;
+    return ok ? 0 : -1;
+}
+
+// Writes dir/tokenizer.json (the reference tokenizer with `key` replaced by `value`, parsed from
+// JSON text) and dir/tokenizer_config.json (the reference one). Returns 0 on success.
+static int write_tok_variant(const char *dir, const char *key, const char *value) {
+    char src[2048], path[2048];
+    char *text = NULL;
+    size_t len = 0;
+    td_err err;
+    mkdir(dir, 0755);
+    pjoin(src, sizeof src, g_ref, "llama2/tokenizer_config.json");
+    if (td_read_file(src, 0, &text, &len, &err) || write_text(pjoin(path, sizeof path, dir, "tokenizer_config.json"), text, len)) {
+        free(text);
+        CHECK(0, "%s: copying tokenizer_config.json", dir);
+        return -1;
+    }
+    free(text);
+    pjoin(src, sizeof src, g_ref, "llama2/tokenizer.json");
+    if (td_read_file(src, 0, &text, &len, &err)) {
+        CHECK(0, "%s", err.msg);
+        return -1;
+    }
+    cJSON *j = cJSON_ParseWithLength(text, len), *v = cJSON_Parse(value);
+    free(text);
+    CHECK(j && v, "variant %s: JSON", key);
+    if (!j || !v) {
+        cJSON_Delete(j), cJSON_Delete(v);
+        return -1;
+    }
+    cJSON_ReplaceItemInObjectCaseSensitive(j, key, v);
+    char *out = cJSON_Print(j);
+    cJSON_Delete(j);
+    int rc = out && !write_text(pjoin(path, sizeof path, dir, "tokenizer.json"), out, strlen(out)) ? 0 : -1;
+    free(out);
+    CHECK(rc == 0, "variant %s: write", key);
+    return rc;
+}
+
+static td_status tok_variant_gguf(const char *dir, const char *out, td_err *err) {
+    td_gguf_writer *w = td_gguf_w_new();
+    td_status st = td_gguf_w_str(w, "general.architecture", "llama", 5, err);
+    if (!st) st = td_export_tokenizer_gguf(w, dir, 0, NULL, err);
+    if (!st) st = td_gguf_w_begin(w, out, err);
+    if (!st) st = td_gguf_w_finish(w, err);
+    td_gguf_w_free(w);
+    return st;
+}
+
+static int gguf_bool(const char *path, const char *key) {  // -1 absent or unreadable
+    td_gguf *g = NULL;
+    td_err err;
+    bool v = false;
+    int r = -1;
+    if (td_gguf_open(path, &g, &err) == TD_OK && td_gguf_get_bool(g, key, &v, NULL) == TD_OK) r = v;
+    td_gguf_close(g);
+    return r;
+}
+
+// The old converter searched the printed JSON of the pre-tokenizer and post-processor for words
+// ("TemplateProcessing", "ByteLevel", a "Regex" key): each variant here has the word but not the
+// meaning, and must come out as the tokenizer (HF's semantics, test_tokenizer_hf) reads it.
+static void test_tokenizer_meaning(void) {
+    char dir[2048], out[2048];
+    td_err err;
+    // (a) A TemplateProcessing that adds nothing: add_bos_token must be false (the old "contains
+    // TemplateProcessing" gave true, and llama.cpp would prepend a BOS that HF never adds).
+    pjoin(dir, sizeof dir, g_tmp, "tok-nobos");
+    if (!write_tok_variant(dir, "post_processor",
+                           "{\"type\":\"TemplateProcessing\",\"single\":[{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],"
+                           "\"pair\":[{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},{\"Sequence\":{\"id\":\"B\",\"type_id\":1}}],"
+                           "\"special_tokens\":{}}")) {
+        pjoin(out, sizeof out, g_tmp, "tok-nobos.gguf");
+        td_status st = tok_variant_gguf(dir, out, &err);
+        CHECK(st == TD_OK, "no-BOS TemplateProcessing: %s", err.msg);
+        if (!st) {
+            CHECK(gguf_bool(out, "tokenizer.ggml.add_bos_token") == 0, "no-BOS TemplateProcessing: add_bos_token %d",
+                  gguf_bool(out, "tokenizer.ggml.add_bos_token"));
+            compare_tokenizers(dir, out, "no-BOS TemplateProcessing");
+        }
+    }
+    // (b) A TemplateProcessing that adds only EOS: add_bos_token false, add_eos_token true.
+    pjoin(dir, sizeof dir, g_tmp, "tok-eos");
+    if (!write_tok_variant(dir, "post_processor",
+                           "{\"type\":\"TemplateProcessing\",\"single\":[{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},"
+                           "{\"SpecialToken\":{\"id\":\"<|eos|>\",\"type_id\":0}}],\"pair\":[],\"special_tokens\":"
+                           "{\"<|eos|>\":{\"id\":\"<|eos|>\",\"ids\":[383],\"tokens\":[\"<|eos|>\"]}}}")) {
+        pjoin(out, sizeof out, g_tmp, "tok-eos.gguf");
+        td_status st = tok_variant_gguf(dir, out, &err);
+        CHECK(st == TD_OK, "EOS-only TemplateProcessing: %s", err.msg);
+        if (!st) {
+            CHECK(gguf_bool(out, "tokenizer.ggml.add_bos_token") == 0 && gguf_bool(out, "tokenizer.ggml.add_eos_token") == 1,
+                  "EOS-only TemplateProcessing: add_bos %d add_eos %d", gguf_bool(out, "tokenizer.ggml.add_bos_token"),
+                  gguf_bool(out, "tokenizer.ggml.add_eos_token"));
+            compare_tokenizers(dir, out, "EOS-only TemplateProcessing");
+        }
+    }
+    // (c) Byte-level pre-tokenizers llama.cpp has no name for: refused, not called "gpt-2" (the old
+    // fallback when no "Regex" key was found). HF splits nothing in the first, and in the second
+    // matches Llama 3's pattern as a literal string.
+    static const char *const pre[][2] = {
+        {"no regex", "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":false}"},
+        {"literal Split", NULL},
+    };
+    for (int i = 0; i < 2; i++) {
+        char value[1024];
+        const char *v = pre[i][1];
+        if (!v) {
+            cJSON *seq = cJSON_CreateObject(), *l = cJSON_AddArrayToObject(seq, "pretokenizers");
+            cJSON_AddStringToObject(seq, "type", "Sequence");
+            cJSON *sp = cJSON_CreateObject(), *pat = cJSON_AddObjectToObject(sp, "pattern");
+            cJSON_AddStringToObject(sp, "type", "Split");
+            cJSON_AddStringToObject(pat, "String",
+                                    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
+                                    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+");
+            cJSON_AddStringToObject(sp, "behavior", "Isolated");
+            cJSON_AddBoolToObject(sp, "invert", 0);
+            cJSON_AddItemToArray(l, sp);
+            cJSON_AddItemToArray(l, cJSON_Parse(pre[0][1]));
+            char *p = cJSON_PrintUnformatted(seq);
+            snprintf(value, sizeof value, "%s", p ? p : "");
+            free(p);
+            cJSON_Delete(seq);
+            v = value;
+        }
+        snprintf(dir, sizeof dir, "%s/tok-pre%d", g_tmp, i);
+        if (write_tok_variant(dir, "pre_tokenizer", v)) continue;
+        snprintf(out, sizeof out, "%s/tok-pre%d.gguf", g_tmp, i);
+        td_tokenizer *t = NULL;
+        CHECK(td_tokenizer_load(dir, &t, &err) == TD_OK, "%s: the variant loads: %s", pre[i][0], err.msg);
+        td_tokenizer_free(t);
+        td_status st = tok_variant_gguf(dir, out, &err);
+        CHECK(st == TD_ERR_UNSUPPORTED && strstr(err.msg, "llama.cpp knows by name"), "%s pre-tokenizer: %d %s", pre[i][0],
+              st, st ? err.msg : "exported");
+    }
+}
+
 // ---- (6) bad inputs -----------------------------------------------------------------------
 
 static td_status failing_get(void *ctx, const char *hf_name, float *dst, int64_t n, td_err *err) {
@@ -734,6 +879,7 @@ int main(void) {
     test_convert_all();
     test_hf_export();
     test_tokenizers();
+    test_tokenizer_meaning();
     test_bad_inputs();
     test_binary();
     cJSON_Delete(g_oracle);

