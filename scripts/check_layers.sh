@@ -47,38 +47,55 @@ check() {
         fi
     done
     # Every quoted include, as file:line:text; resolved as the compiler does for quotes: first
-    # beside the including file, then from src/ (the include path).
+    # beside the including file, then from src/ (the include path). One awk pass: a fork per
+    # include would make this the slowest test.
     out=$(cd "$root" && find src -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \
             -o -name '*.cpp' \) | LC_ALL=C sort | xargs grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' /dev/null |
-        while IFS= read -r hit; do
-            file=${hit%%:*}
-            rest=${hit#*:}
-            line=${rest%%:*}
-            inc=$(printf '%s\n' "$rest" | sed -E 's/^[0-9]+:[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]*)".*/\1/')
-            from=$(printf '%s\n' "$file" | cut -d/ -f2)
-            dir=$(dirname "$file")
-            if [ -f "$dir/$inc" ]; then
-                to=$(cd "$dir" && cd "$(dirname "$inc")" 2>/dev/null && pwd -P)
-                src=$(pwd -P)/src
-                case "$to/" in
-                    "$src"/*) to=${to#"$src"/}; to=${to%%/*} ;;
-                    *) echo "$file:$line: \"$inc\" resolves outside src/"; continue ;;
-                esac
-            else
-                to=${inc%%/*}
-                [ "$to" = "$inc" ] && continue  # no directory: a generated header beside the build
-                [ -d "src/$to" ] || continue     # not a room (and not found): the compiler will say
-            fi
-            [ "$to" = "$from" ] && continue
-            lf=$(printf '%s\n' "$layers" | awk -v r="$from" '$1 == r { print $2 }')
-            lt=$(printf '%s\n' "$layers" | awk -v r="$to" '$1 == r { print $2 }')
-            [ -n "$lf" ] && [ -n "$lt" ] || continue  # undeclared rooms are reported above
-            if [ "$lt" -gt "$lf" ]; then
-                echo "$file:$line: \"$inc\": $from/ includes $to/, a higher layer"
-            elif [ "$lt" -eq "$lf" ]; then
-                echo "$file:$line: \"$inc\": $from/ includes $to/, a sibling on the same layer"
-            fi
-        done)
+        awk -v layers="$layers" '
+        BEGIN {
+            n = split(layers, l, "\n")
+            for (i = 1; i <= n; i++) { split(l[i], f, " "); layer[f[1]] = f[2] }
+        }
+        # Normalises a/b/../c to a/c.
+        function norm(p,    k, m, i, seg, out) {
+            m = split(p, seg, "/"); k = 0
+            for (i = 1; i <= m; i++) {
+                if (seg[i] == "." || seg[i] == "") continue
+                if (seg[i] == ".." && k > 0 && st[k] != "..") { k--; continue }
+                st[++k] = seg[i]
+            }
+            out = ""
+            for (i = 1; i <= k; i++) out = out (i > 1 ? "/" : "") st[i]
+            return out
+        }
+        function exists(p,    r, line) {
+            r = (getline line < p) >= 0
+            close(p)
+            return r
+        }
+        {
+            file = $0; sub(/:.*/, "", file)
+            rest = substr($0, length(file) + 2)
+            line = rest; sub(/:.*/, "", line)
+            inc = rest; sub(/^[^"]*"/, "", inc); sub(/".*/, "", inc)
+            split(file, fp, "/"); from = fp[2]
+            dir = file; sub(/\/[^\/]*$/, "", dir)
+            if (exists(dir "/" inc)) {
+                p = norm(dir "/" inc)
+                if (p !~ /^src\//) { printf "%s:%s: \"%s\" resolves outside src/\n", file, line, inc; next }
+                split(p, tp, "/"); to = tp[2]
+                if (tp[3] == "") to = from  # a file directly in src/
+            } else {
+                if (inc !~ /\//) next        # no directory: a generated header beside the build
+                to = inc; sub(/\/.*/, "", to)
+                if (!(to in layer)) next     # not a declared room (and not found): the compiler will say
+            }
+            if (to == from || !(from in layer) || !(to in layer)) next  # undeclared rooms: reported above
+            if (layer[to] + 0 > layer[from] + 0)
+                printf "%s:%s: \"%s\": %s/ includes %s/, a higher layer\n", file, line, inc, from, to
+            else if (layer[to] + 0 == layer[from] + 0)
+                printf "%s:%s: \"%s\": %s/ includes %s/, a sibling on the same layer\n", file, line, inc, from, to
+        }')
     if [ -n "$out" ]; then
         printf '%s\n' "$out"
         bad=1
