@@ -3,6 +3,7 @@
 // derive a model config from the metadata.
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "format/gguf.h"
 #include "model/config.h"
@@ -22,7 +23,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 td_gguf_str s = td_gguf_arr_str(g, i, j);
                 if (s.len) sink += (uint8_t)s.ptr[s.len - 1];
             } else {
-                sink += (uint64_t)td_gguf_arr_i64(g, i, j) + (uint64_t)td_gguf_arr_f64(g, i, j);
+                // The double's bits, not its value: converting a NaN or out-of-range double to
+                // an integer is undefined behaviour (UBSan's float-cast-overflow).
+                double d = td_gguf_arr_f64(g, i, j);
+                uint64_t bits;
+                memcpy(&bits, &d, sizeof bits);
+                sink += (uint64_t)td_gguf_arr_i64(g, i, j) + bits;
             }
         }
         (void)td_gguf_arr_data(g, i);
