@@ -66,13 +66,26 @@ def build(name, kind, pre, out_dir):
         t = cfg_token(cfg, field)
         if t in ids:
             w.add(f"tokenizer.ggml.{key}_token_id", T_UINT32, ids[t])
-    post = json.dumps(tj.get("post_processor"))
-    w.add("tokenizer.ggml.add_bos_token", T_BOOL, "TemplateProcessing" in post)
+    w.add("tokenizer.ggml.add_bos_token", T_BOOL, adds_prefix(tj.get("post_processor")))
     if isinstance(cfg.get("chat_template"), str):
         w.add("tokenizer.chat_template", T_STRING, cfg["chat_template"])
     path = os.path.join(out_dir, f"tok_{name}.gguf")
     w.write(path)
     return path
+
+
+def adds_prefix(post):
+    """Whether HF's post-processor puts a token before the text with add_special_tokens (what
+    llama.cpp's add_bos_token means): a TemplateProcessing whose `single` starts with a special
+    token, not merely any TemplateProcessing."""
+    if not isinstance(post, dict):
+        return False
+    if post.get("type") == "Sequence":
+        return any(adds_prefix(p) for p in post.get("processors", []))
+    if post.get("type") == "TemplateProcessing":
+        single = post.get("single", [])
+        return bool(single) and "SpecialToken" in single[0]
+    return post.get("type") in ("RobertaProcessing", "BertProcessing")
 
 
 def main():
