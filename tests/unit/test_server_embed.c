@@ -7,7 +7,8 @@
 // every bad body is a 400 naming its field; a streamed greedy completion with embedding requests
 // running during it gives the same text as alone, and no KV block stays used; /metrics counts; the
 // mock engine (no embed method) answers 400; and the official `openai` client's
-// embeddings.create (base64 by default, decoded by the client) in tests/e2e/embeddings.test.js.
+// embeddings.create (base64 by default, decoded by the client) in tests/e2e/embeddings.test.js;
+// llama2 again on the OpenCL backend where one is found (a line says when it is not).
 // Needs: tests/oracle/gen/models_embed.sh output, `npm ci --prefix tests/oracle`, node.
 #define _GNU_SOURCE
 #include <errno.h>
@@ -21,6 +22,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "backend/backend.h"
 #include "base/file.h"
 #include "http_test.h"
 #include "serve_proc.h"
@@ -451,6 +453,24 @@ int main(void) {
         snprintf(what, sizeof what, "%s %s ids", cJSON_GetObjectItem(runs[r].oracle, "name")->valuestring, runs[r].kind);
         free(check_set(t.port, inputs, ref, qd, false, false, false, false, what, &n));
         CHECK(td_serve_stop(&t) == 0, "serve exits 0");
+    }
+
+    // The OpenCL backend (the forward is shared) where a device is found; said when not.
+    td_backend *cl = NULL;
+    td_backend_params bp = td_backend_default_params();
+    bp.name = "opencl";
+    td_err berr = {0};
+    if (td_backend_create(&bp, &cl, &berr) == TD_OK) {
+        td_backend_free(cl);
+        const char *flags[] = {"--backend", "opencl", NULL};
+        server t = {0};
+        CHECK(td_serve_start(bin, llama, BASE, flags, &t), "serve %s --backend opencl", llama);
+        int n = 0;
+        if (t.port) free(check_set(t.port, inputs, cJSON_GetObjectItem(ol, "last"), dim, true, false, false, false,
+                                   "llama2 last texts on opencl", &n));
+        if (t.port) CHECK(td_serve_stop(&t) == 0, "serve exits 0");
+    } else {
+        printf("opencl backend unavailable (%s): its run is skipped\n", berr.msg);
     }
 
     // An engine without embeddings (the mock: no embed method) -> 400 saying so.
