@@ -1562,7 +1562,9 @@ static enum MHD_Result embed_answer(srv_req *r, struct MHD_Connection *c) {
     td_server *s = r->srv;
     const int D = s->info.embed_dim;
     cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", r->id);  // id and created as vLLM's answer has them
     cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddNumberToObject(o, "created", (double)r->created);
     cJSON *data = cJSON_AddArrayToObject(o, "data");
     char *b64 = r->emb.base64 ? td_srv_arena_alloc(r->arena, 4 * (((size_t)D * 4 + 2) / 3) + 1) : NULL;
     unsigned char *le = r->emb.base64 ? td_srv_arena_alloc(r->arena, (size_t)D * 4) : NULL;
@@ -1673,6 +1675,7 @@ static enum MHD_Result route_embeddings(srv_req *r, struct MHD_Connection *c) {
     r->usage_prompt = (int)total;
     uint64_t id = atomic_fetch_add(&s->next_id, 1);
     snprintf(r->id, sizeof r->id, "embd-%016llx", (unsigned long long)id);
+    r->created = (int64_t)time(NULL);
     td_embed_request er = {.tokens = toks, .offsets = offs, .n_inputs = n, .out = r->emb_out};
     td_embed_sink sink = {.ctx = r, .on_done = embed_sink_done};
     pthread_mutex_lock(&r->mu);

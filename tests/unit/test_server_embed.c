@@ -184,9 +184,11 @@ static float *check_set(int port, const cJSON *inputs, const cJSON *ref, int dim
               cJSON_GetObjectItem(u, "total_tokens")->valueint == want_tokens,
           "%s: usage counts %ld tokens", what, want_tokens);
     const cJSON *obj = cJSON_GetObjectItem(j, "object"), *model = cJSON_GetObjectItem(j, "model");
+    const cJSON *id = cJSON_GetObjectItem(j, "id"), *created = cJSON_GetObjectItem(j, "created");
     CHECK(cJSON_IsString(obj) && !strcmp(obj->valuestring, "list") && cJSON_IsString(model) &&
-              !strcmp(model->valuestring, "m"),
-          "%s: object list, model as requested", what);
+              !strcmp(model->valuestring, "m") && cJSON_IsString(id) && !strncmp(id->valuestring, "embd-", 5) &&
+              cJSON_IsNumber(created) && created->valuedouble > 1.7e9,
+          "%s: object list, id, created, model as requested", what);
     for (int q = 0; v && q < n; q++) {
         char w[160];
         snprintf(w, sizeof w, "%s input %d", what, idx[q]);
