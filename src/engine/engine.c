@@ -151,7 +151,11 @@ struct td_eng {
     int dim;                         // floats per embedding (the model's hidden size)
     float *hidden;                   // [max_batched_tokens, dim] final hidden rows of one forward
     double *emb_acc;                 // [max_seqs, dim] pooled sums of the inputs in flight
-    struct emb_slot *emb_act;        // [max_seqs] those inputs (row a's blocks: tables row a)
+    struct emb_slot *emb_act;        // [max_seqs] those inputs of the head EMBED
+    int32_t *emb_tables;             // [max_seqs, table_stride] their blocks (row a: slot a)
+    td_kv_layer *emb_kvl;            // [n_layers] the pool's layers read through emb_tables
+    int emb_nact, emb_next, emb_finished;  // the head EMBED: inputs in flight, next to enter, done
+    struct td_eng_ticket *emb_head, *emb_tail;  // EMBEDs applied, run one forward per loop (FIFO)
 
     // request slots (engine thread)
     ereq **slots;  // [n_req_slots]
@@ -1140,6 +1144,8 @@ static void fail_all(td_eng *e, td_status st, const char *msg) {
     }
 }
 
+static void embeds_fail(td_eng *e, td_status st, const char *msg);
+
 static td_status cmd_set_weights(td_eng *e, td_eng_cmd *c, td_err *err) {
     if (!e->p.updatable_weights)
         return td_err_set(err, TD_ERR_UNSUPPORTED,
@@ -1153,6 +1159,7 @@ static td_status cmd_set_weights(td_eng *e, td_eng_cmd *c, td_err *err) {
         // sequences recompute, the prefix cache restarts under the new version), and imports
         // computed by the old ones are dropped.
         imports_drop_all(e, "dropped by a weights update");
+        embeds_fail(e, TD_ERR_LIMIT, "engine: embeddings interrupted by a weights update; retry");
         td_sched_set_weights_version(e->sched, e->weights_version + 1);
         pthread_mutex_lock(&e->mu);
         e->weights_version++;
@@ -1177,6 +1184,7 @@ static td_status cmd_set_weights(td_eng *e, td_eng_cmd *c, td_err *err) {
     snprintf(e->weights_msg, sizeof e->weights_msg, "%s", msg);
     pthread_mutex_unlock(&e->mu);
     imports_drop_all(e, "dropped by a failed weights update");
+    embeds_fail(e, TD_ERR_LIMIT, msg);
     fail_all(e, TD_ERR_LIMIT, msg);
     return td_err_set(err, st, "engine: SET_WEIGHTS failed: %s", ferr.msg);
 }
@@ -1275,10 +1283,13 @@ static td_status cmd_transfer_done(td_eng *e, td_eng_cmd *c, td_err *err) {
 static td_status check_all(td_eng *e, td_err *err) {
     td_status st0 = td_sched_check(e->sched, err);
     if (st0) return st0;
-    if (td_sched_n_held(e->sched) != e->n_import_blocks)
-        return td_err_set(err, TD_ERR_INVALID, "engine check: %d blocks held by the scheduler, %d by imports",
-                          td_sched_n_held(e->sched), e->n_import_blocks);
-    if (!e->imports) return TD_OK;
+    int emb_blocks = 0;  // held by the embedding inputs in flight
+    for (int a = 0; a < e->emb_nact; a++) emb_blocks += e->emb_act[a].nb;
+    if (td_sched_n_held(e->sched) != e->n_import_blocks + emb_blocks)
+        return td_err_set(err, TD_ERR_INVALID,
+                          "engine check: %d blocks held by the scheduler, %d by imports, %d by embeddings",
+                          td_sched_n_held(e->sched), e->n_import_blocks, emb_blocks);
+    if (!e->imports && !e->emb_nact) return TD_OK;
     td_status st = td_kv_pool_check(e->pool, err);
     if (st) return st;
     const int nb = td_kv_pool_n_blocks(e->pool);
@@ -1299,6 +1310,8 @@ static td_status check_all(td_eng *e, td_err *err) {
     }
     for (const eimport *im = e->imports; im; im = im->next)
         for (int i = 0; i < im->n_blocks; i++) refs[im->blocks[i]]++;
+    for (int a = 0; a < e->emb_nact; a++)
+        for (int i = 0; i < e->emb_act[a].nb; i++) refs[e->emb_tables[(size_t)a * e->table_stride + i]]++;
     for (int b = 0; !st && b < nb; b++)
         if (refs[b] != td_kv_pool_refcount(e->pool, b))
             st = td_err_set(err, TD_ERR_INVALID, "engine check: block %d: refcount %d but %d references", b,
@@ -1322,7 +1335,7 @@ static void drains_complete(td_eng *e, td_status st, const char *msg) {
     if (!e->drains) return;
     if (!st) {
         pthread_mutex_lock(&e->mu);
-        bool idle = e->n_live == 0;
+        bool idle = e->n_live == 0 && !e->emb_head;
         pthread_mutex_unlock(&e->mu);
         if (!idle) return;
     }
@@ -1335,113 +1348,156 @@ static void drains_complete(td_eng *e, td_status st, const char *msg) {
     e->drains_tail = NULL;
 }
 
-// Releases the blocks of the embedding inputs in flight (slots [0, n)).
-static void embed_release(td_eng *e, int n) {
-    for (int a = 0; a < n; a++)
-        td_sched_unhold_blocks(e->sched, e->tables + (size_t)a * e->table_stride, e->emb_act[a].nb);
+// Releases the blocks of the embedding inputs in flight.
+static void embed_release(td_eng *e) {
+    for (int a = 0; a < e->emb_nact; a++)
+        td_sched_unhold_blocks(e->sched, e->emb_tables + (size_t)a * e->table_stride, e->emb_act[a].nb);
+    e->emb_nact = 0;
 }
 
-// TD_ENG_CMD_EMBED (engine.h): inputs enter in order while a sequence row and their blocks are
-// free; each forward takes the next tokens of every input in flight (within max_batched_tokens),
-// over that input's own held blocks (row a of the step's block tables, batch sequence a); the
-// final hidden rows are pooled into emb_acc; an input is finished (mean, L2 norm) and its blocks
-// released as soon as its last token has run. Nothing is entered into the prefix cache.
-static td_status cmd_embed(td_eng *e, td_eng_ticket *t, td_err *err) {
-    td_eng_cmd *c = &t->c;
-    if (!e->weights_ok) return td_err_set(err, TD_ERR_LIMIT, "engine: %s", e->weights_msg);
-    pthread_mutex_lock(&e->mu);
-    const bool draining = e->draining;
-    pthread_mutex_unlock(&e->mu);
-    if (draining) return td_err_set(err, TD_ERR_LIMIT, "engine: draining: not accepting new requests");
-    const int n = c->embed.n_inputs, D = e->dim, bs = e->p.block_size, S = e->p.max_seqs;
+// Ends the EMBED at the head of the queue (its blocks released) with st.
+static void embed_end(td_eng *e, td_status st, const char *msg) {
+    td_eng_ticket *t = e->emb_head;
+    embed_release(e);
+    e->emb_head = t->qnext;
+    if (!e->emb_head) e->emb_tail = NULL;
+    t->qnext = NULL;
+    e->emb_next = e->emb_finished = 0;
+    if (st == TD_OK) {
+        t->c.embed.dim = e->dim;
+        t->c.embed.n_tokens = t->emb_offs[t->c.embed.n_inputs];
+    }
+    cmd_complete(e, t, st, msg);
+}
+
+// Fails every EMBED still queued or running (shutdown, a weights update: their hidden states
+// would mix weights).
+static void embeds_fail(td_eng *e, td_status st, const char *msg) {
+    while (e->emb_head) embed_end(e, st, msg);
+}
+
+// One forward of the EMBED at the head of the queue (TD_ENG_CMD_EMBED, engine.h), run between
+// generation steps so that both advance: inputs enter in order while a sequence row and their
+// blocks are free; the forward takes the next tokens of every input in flight (within
+// max_batched_tokens) over that input's own held blocks (row a of emb_tables, batch sequence a);
+// the final hidden rows are pooled into emb_acc; an input is finished (mean, L2 norm) and its
+// blocks released as soon as its last token has run. Nothing is entered into the prefix cache.
+// Returns whether a forward ran.
+static bool embed_step(td_eng *e) {
+    td_eng_ticket *t = e->emb_head;
+    if (!t) return false;
+    const int n = t->c.embed.n_inputs, D = e->dim, bs = e->p.block_size, S = e->p.max_seqs;
     const int TB = e->p.max_batched_tokens;
     const int *off = t->emb_offs;
     const bool mean = e->p.pooling == TD_ENG_POOL_MEAN;
     emb_slot *act = e->emb_act;
-    int next = 0, n_act = 0, finished = 0;
-    while (finished < n) {
-        while (next < n && n_act < S) {  // admit the next inputs while there is room
-            const int len = off[next + 1] - off[next], nb = (len + bs - 1) / bs;
-            if (td_kv_pool_n_available(e->pool) < nb) break;
-            td_err herr = {0};
-            if (td_sched_hold_blocks(e->sched, nb, e->tables + (size_t)n_act * e->table_stride, &herr)) break;
-            act[n_act] = (emb_slot){.input = next, .len = len, .nb = nb};
-            memset(e->emb_acc + (size_t)n_act * D, 0, (size_t)D * sizeof(double));
-            n_act++, next++;
-        }
-        if (n_act == 0) {
-            const int len = off[next + 1] - off[next];
-            return td_err_set(err, TD_ERR_LIMIT,
-                              "engine: no room in the KV cache for an input of %d tokens now (%d of %d blocks "
-                              "available); retry later",
-                              len, td_kv_pool_n_available(e->pool), td_kv_pool_n_blocks(e->pool));
-        }
-        int T = 0;
-        for (int a = 0; a < n_act; a++) {
-            emb_slot *q = &act[a];
-            int take = q->len - q->done;
-            if (take > TB - T) take = TB - T;
-            q->take = take;
-            for (int k = 0; k < take; k++, T++) {
-                const int p = q->done + k;
-                e->b_tok[T] = t->tokens[off[q->input] + p];
-                e->b_pos[T] = p;
-                e->b_seq[T] = a;
-                e->b_want[T] = mean || p == q->len - 1;
-            }
-        }
-        td_batch b = {.n_tokens = T, .tokens = e->b_tok, .pos = e->b_pos, .seq_id = e->b_seq, .want_logits = e->b_want};
-        td_err ferr = {0};
-        td_status st = td_forward_run_kv_hidden(e->fwd, &b, e->kvl, e->hidden, &ferr);
-        pthread_mutex_lock(&e->mu);
-        e->dbg.n_steps++;
-        e->dbg.n_batch_tokens += (uint64_t)T;
-        pthread_mutex_unlock(&e->mu);
-        if (st) {
-            embed_release(e, n_act);
-            return td_err_set(err, st, "engine: embedding forward failed: %s", ferr.msg);
-        }
-        // Pool the rows (batch order: slot by slot), then finish the inputs that are done.
-        const float *row = e->hidden;
-        for (int a = 0; a < n_act; a++) {
-            emb_slot *q = &act[a];
-            double *acc = e->emb_acc + (size_t)a * D;
-            for (int k = 0; k < q->take; k++) {
-                if (!mean && q->done + k != q->len - 1) continue;
-                for (int d = 0; d < D; d++) acc[d] += row[d];
-                row += D;
-            }
-            q->done += q->take;
-        }
-        int w = 0;
-        for (int a = 0; a < n_act; a++) {
-            emb_slot *q = &act[a];
-            double *acc = e->emb_acc + (size_t)a * D;
-            if (q->done < q->len) {  // still running: keep it, compacted to slot w
-                if (w != a) {
-                    act[w] = *q;
-                    memcpy(e->tables + (size_t)w * e->table_stride, e->tables + (size_t)a * e->table_stride,
-                           (size_t)q->nb * sizeof(int32_t));
-                    memcpy(e->emb_acc + (size_t)w * D, acc, (size_t)D * sizeof(double));
-                }
-                w++;
-                continue;
-            }
-            const double scale = mean ? 1.0 / q->len : 1.0;
-            double ss = 0;
-            for (int d = 0; d < D; d++) acc[d] *= scale, ss += acc[d] * acc[d];
-            // As torch.nn.functional.normalize: x / max(||x||, 1e-12).
-            const double inv = e->p.embed_no_normalize ? 1.0 : 1.0 / (sqrt(ss) > 1e-12 ? sqrt(ss) : 1e-12);
-            float *o = t->emb + (size_t)q->input * D;
-            for (int d = 0; d < D; d++) o[d] = (float)(acc[d] * inv);
-            td_sched_unhold_blocks(e->sched, e->tables + (size_t)a * e->table_stride, q->nb);
-            finished++;
-        }
-        n_act = w;
+    while (e->emb_next < n && e->emb_nact < S) {  // admit the next inputs while there is room
+        const int len = off[e->emb_next + 1] - off[e->emb_next], nb = (len + bs - 1) / bs;
+        if (td_kv_pool_n_available(e->pool) < nb) break;
+        td_err herr = {0};
+        if (td_sched_hold_blocks(e->sched, nb, e->emb_tables + (size_t)e->emb_nact * e->table_stride, &herr)) break;
+        act[e->emb_nact] = (emb_slot){.input = e->emb_next, .len = len, .nb = nb};
+        memset(e->emb_acc + (size_t)e->emb_nact * D, 0, (size_t)D * sizeof(double));
+        e->emb_nact++, e->emb_next++;
     }
-    c->embed.dim = D;
-    c->embed.n_tokens = off[n];
-    return TD_OK;
+    if (e->emb_nact == 0) {
+        char msg[TD_ERR_MSG_MAX];
+        snprintf(msg, sizeof msg,
+                 "engine: no room in the KV cache for an input of %d tokens now (%d of %d blocks available); retry "
+                 "later",
+                 off[e->emb_next + 1] - off[e->emb_next], td_kv_pool_n_available(e->pool), td_kv_pool_n_blocks(e->pool));
+        embed_end(e, TD_ERR_LIMIT, msg);
+        return false;
+    }
+    int T = 0;
+    for (int a = 0; a < e->emb_nact; a++) {
+        emb_slot *q = &act[a];
+        int take = q->len - q->done;
+        if (take > TB - T) take = TB - T;
+        q->take = take;
+        for (int k = 0; k < take; k++, T++) {
+            const int p = q->done + k;
+            e->b_tok[T] = t->tokens[off[q->input] + p];
+            e->b_pos[T] = p;
+            e->b_seq[T] = a;
+            e->b_want[T] = mean || p == q->len - 1;
+        }
+    }
+    td_batch b = {.n_tokens = T, .tokens = e->b_tok, .pos = e->b_pos, .seq_id = e->b_seq, .want_logits = e->b_want};
+    td_err ferr = {0};
+    td_status st = td_forward_run_kv_hidden(e->fwd, &b, e->emb_kvl, e->hidden, &ferr);
+    pthread_mutex_lock(&e->mu);
+    e->dbg.n_steps++;
+    e->dbg.n_batch_tokens += (uint64_t)T;
+    pthread_mutex_unlock(&e->mu);
+    if (st) {
+        char msg[TD_ERR_MSG_MAX];
+        snprintf(msg, sizeof msg, "engine: embedding forward failed: %.400s", ferr.msg);
+        embed_end(e, st, msg);
+        return true;
+    }
+    // Pool the rows (batch order: slot by slot), then finish the inputs that are done.
+    const float *row = e->hidden;
+    for (int a = 0; a < e->emb_nact; a++) {
+        emb_slot *q = &act[a];
+        double *acc = e->emb_acc + (size_t)a * D;
+        for (int k = 0; k < q->take; k++) {
+            if (!mean && q->done + k != q->len - 1) continue;
+            for (int d = 0; d < D; d++) acc[d] += row[d];
+            row += D;
+        }
+        q->done += q->take;
+    }
+    int w = 0;
+    for (int a = 0; a < e->emb_nact; a++) {
+        emb_slot *q = &act[a];
+        double *acc = e->emb_acc + (size_t)a * D;
+        int32_t *blocks = e->emb_tables + (size_t)a * e->table_stride;
+        if (q->done < q->len) {  // still running: keep it, compacted to slot w
+            if (w != a) {
+                act[w] = *q;
+                memcpy(e->emb_tables + (size_t)w * e->table_stride, blocks, (size_t)q->nb * sizeof(int32_t));
+                memcpy(e->emb_acc + (size_t)w * D, acc, (size_t)D * sizeof(double));
+            }
+            w++;
+            continue;
+        }
+        const double scale = mean ? 1.0 / q->len : 1.0;
+        double ss = 0;
+        for (int d = 0; d < D; d++) acc[d] *= scale, ss += acc[d] * acc[d];
+        // As torch.nn.functional.normalize: x / max(||x||, 1e-12).
+        const double inv = e->p.embed_no_normalize ? 1.0 : 1.0 / (sqrt(ss) > 1e-12 ? sqrt(ss) : 1e-12);
+        float *o = t->emb + (size_t)q->input * D;
+        for (int d = 0; d < D; d++) o[d] = (float)(acc[d] * inv);
+        td_sched_unhold_blocks(e->sched, blocks, q->nb);
+        e->emb_finished++;
+    }
+    e->emb_nact = w;
+    if (e->emb_finished == n) embed_end(e, TD_OK, NULL);
+    return true;
+}
+
+// EMBED applied: refused at once while draining or with unusable weights; otherwise queued behind
+// the EMBEDs already running (parked: embed_step completes it).
+static bool cmd_embed(td_eng *e, td_eng_ticket *t, td_err *err) {
+    if (!e->weights_ok) {
+        td_err_set(err, TD_ERR_LIMIT, "engine: %s", e->weights_msg);
+        return false;
+    }
+    pthread_mutex_lock(&e->mu);
+    const bool draining = e->draining;
+    if (!draining) t->state = CMD_PARKED;
+    pthread_mutex_unlock(&e->mu);
+    if (draining) {
+        td_err_set(err, TD_ERR_LIMIT, "engine: draining: not accepting new requests");
+        return false;
+    }
+    if (e->emb_tail)
+        e->emb_tail->qnext = t;
+    else
+        e->emb_head = t;
+    e->emb_tail = t;
+    return true;
 }
 
 // Applies one command (engine thread, between steps). A DRAIN with requests still live is parked
@@ -1474,7 +1530,10 @@ static void cmd_apply(td_eng *e, td_eng_ticket *t) {
         drains_complete(e, TD_ERR_LIMIT, "engine: DRAIN interrupted by RESUME before the engine was idle");
         break;
     case TD_ENG_CMD_REPORT_STATE: state_fill(e, &t->c.state); break;
-    case TD_ENG_CMD_EMBED: st = cmd_embed(e, t, &err); break;
+    case TD_ENG_CMD_EMBED:
+        if (cmd_embed(e, t, &err)) return;  // parked: embed_step completes it
+        st = err.status;
+        break;
     }
     snapshot(e);  // td_eng_debug agrees with the command's effect once its waiter wakes
     cmd_complete(e, t, st, err.msg);
@@ -1507,7 +1566,7 @@ static void *engine_thread(void *arg) {
     for (;;) {
         drains_complete(e, TD_OK, NULL);  // DRAINs whose engine became idle
         pthread_mutex_lock(&e->mu);
-        bool active = e->n_free_slots < e->n_req_slots || e->pend_head;
+        bool active = e->n_free_slots < e->n_req_slots || e->pend_head || e->emb_head;
         // Idle: sleep until work arrives, the next lease deadline, or the tick.
         while (!e->quit && !e->inbox_head && !active && e->n_cancel_req == seen_cancels && !e->cmd_head) {
             const int64_t now = now_ns(), due = imports_due(e);
@@ -1554,6 +1613,7 @@ static void *engine_thread(void *arg) {
         }
         // Commands, between steps; then leases that ran out.
         cmds_run(e, quit);
+        if (quit) embeds_fail(e, TD_ERR_LIMIT, "engine: shutting down");
         imports_expire(e);
         if (quit && !e->pend_head && e->n_free_slots == e->n_req_slots) {
             pthread_mutex_lock(&e->mu);
@@ -1583,6 +1643,11 @@ static void *engine_thread(void *arg) {
         bool ran = step(e);
         debug_check(e);
         snapshot(e);
+        if (embed_step(e)) {  // one forward of a running EMBED after each step: both advance
+            ran = true;
+            debug_check(e);
+            snapshot(e);
+        }
         if (!ran) {  // live sequences but nothing runnable (waiting for blocks an import holds): do not spin
             pthread_mutex_lock(&e->mu);
             if (!e->inbox_head && e->n_cancel_req == seen_cancels && !e->quit && !e->cmd_head &&
@@ -1593,6 +1658,7 @@ static void *engine_thread(void *arg) {
     }
     // Shutting down: nothing is live any more; what is left of the command machinery ends here.
     cmds_run(e, true);
+    embeds_fail(e, TD_ERR_LIMIT, "engine: shutting down");
     drains_complete(e, TD_ERR_LIMIT, "engine: shutting down");
     imports_drop_all(e, "dropped at shutdown");
     return NULL;
@@ -1881,13 +1947,15 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
     e->hidden = malloc(T * (size_t)c->dim * sizeof(float));
     e->emb_acc = malloc((size_t)p.max_seqs * (size_t)c->dim * sizeof(double));
     e->emb_act = malloc((size_t)p.max_seqs * sizeof *e->emb_act);
+    e->emb_tables = calloc((size_t)p.max_seqs * (size_t)e->table_stride, sizeof *e->emb_tables);
+    e->emb_kvl = calloc((size_t)c->n_layers, sizeof *e->emb_kvl);
     e->slots = calloc((size_t)e->n_req_slots, sizeof *e->slots);
     e->free_slots = malloc((size_t)e->n_req_slots * sizeof(int));
     e->smp = td_sampler_create(e->vocab);
     e->gcache = td_grammar_cache_create(16);
     e->gvocab = td_gvocab_from_tokenizer(e->tok, e->vocab, e->eos, e->n_eos, NULL);
     if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->tables || !e->kvl || !e->meta || !e->logits ||
-        !e->scratch || !e->text || !e->tail || !e->top_ids || !e->top_lps || !e->hidden || !e->emb_acc || !e->emb_act || !e->slots || !e->free_slots || !e->smp) {
+        !e->scratch || !e->text || !e->tail || !e->top_ids || !e->top_lps || !e->hidden || !e->emb_acc || !e->emb_act || !e->emb_tables || !e->emb_kvl || !e->slots || !e->free_slots || !e->smp) {
         st = td_err_set(err, TD_ERR_NOMEM, "engine: out of memory (logits %zu MiB)", T * V * 4 >> 20);
         goto fail;
     }
@@ -1901,6 +1969,10 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
                                   .block_size = p.block_size,
                                   .kv_dim = e->kv_dim,
                                   .dtype = p.kv_cache_dtype};
+    for (int l = 0; l < c->n_layers; l++) {
+        e->emb_kvl[l] = e->kvl[l];
+        e->emb_kvl[l].block_table = e->emb_tables;
+    }
     e->p = p;
     e->p.model_name = e->model_name;
     e->p.chat_template = NULL;
@@ -1943,7 +2015,7 @@ void td_eng_free(td_eng *e) {
     td_chat_template_free(e->tmpl);
     free(e->b_tok), free(e->b_pos), free(e->b_seq), free(e->b_want), free(e->tables), free(e->kvl);
     free(e->meta), free(e->logits), free(e->scratch), free(e->text), free(e->tail), free(e->top_ids);
-    free(e->top_lps), free(e->hidden), free(e->emb_acc), free(e->emb_act), free(e->slots), free(e->free_slots), free(e->model_name);
+    free(e->top_lps), free(e->hidden), free(e->emb_acc), free(e->emb_act), free(e->emb_tables), free(e->emb_kvl), free(e->slots), free(e->free_slots), free(e->model_name);
     while (e->tickets) ticket_free_locked(e, e->tickets);  // completed, never released
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);

@@ -196,10 +196,13 @@ typedef struct td_eng_cmd {
             // td_eng_params.pooling, L2-normalised unless embed_no_normalize. The inputs run
             // through the forward in batches of up to max_seqs inputs and max_batched_tokens
             // tokens, each over KV blocks held for it alone and released when it is done, so
-            // running sequences and the prefix cache are untouched (nothing is cached). The
-            // command runs to its end between two steps: generation waits for its forwards.
-            // TD_ERR_LIMIT when the pool cannot hold one input now (blocks in use: retry later),
-            // while draining, or while the weights are unusable.
+            // running sequences and the prefix cache are untouched (nothing is cached). Once
+            // applied, the command runs one such forward after each generation step (both
+            // advance; later commands do not wait for it; EMBEDs run one after another) and
+            // completes when its last input is pooled. TD_ERR_LIMIT when the pool cannot hold
+            // one input now (blocks in use: retry later), while draining, with unusable
+            // weights, when a SET_WEIGHTS is applied meanwhile (its hidden states would mix
+            // weights) or at shutdown. A DRAIN completes only once no EMBED runs.
             float *out;
             int dim;       // out: floats per embedding (the model's hidden size)
             int n_tokens;  // out: tokens run, offsets[n_inputs]

@@ -6,7 +6,8 @@
 // weights; KV import (IMPORT_BEGIN, K/V computed by td_forward_run_kv written into the pool's
 // buffer, TRANSFER_DONE) taken as prefix-cache hits, failed / expired / stale / unknown imports
 // and no room; DRAIN / RESUME, REPORT_STATE, a command timeout, commands from a sink callback;
-// EMBED (normalised, a batch equal to its inputs alone, validation, no room, the detached form).
+// EMBED (normalised, a batch equal to its inputs alone, validation, no room, the detached form,
+// interleaved with a running request that it leaves unchanged).
 // Model B is the llama2 reference model with every weight perturbed deterministically, exported
 // with td_export_hf to a temporary directory. Every wait is bounded.
 // Needs: /usr/bin/python3 tests/reference/make_models.py (writes .cache/ref).
@@ -953,6 +954,69 @@ static void test_embed(void) {
     td_embed_request bad = {.tokens = toks, .offsets = bad_long, .n_inputs = 1, .out = det};
     CHECK(td_eng_embed(e, &bad, &sink, &err) == TD_ERR_INVALID, "detached: refused at submit, no callback");
     free(det), free(both), free(one), free(alone);
+    free_eng(e);
+
+    // A large EMBED runs one forward after each generation step: a running greedy request keeps
+    // emitting tokens meanwhile (run to completion it would advance by at most one), and its
+    // tokens and logprobs equal those of the same request alone.
+    e = mk_eng(g_A, false, 256);
+    if (!e) return;
+    res *solo = run1(e, P1, 40, 200);
+    res *r = calloc(1, sizeof *r);
+    td_gen_request g = greq(P1, 40, 200);
+    int k0 = -1, k1 = -1;
+    if (submit(e, &g, r)) {
+        pthread_mutex_lock(&g_mu);
+        for (int64_t t0 = now_ms(); r->ntok < 2 && !r->done && now_ms() - t0 < WAIT_MS;) {
+            pthread_mutex_unlock(&g_mu);
+            usleep(500);
+            pthread_mutex_lock(&g_mu);
+        }
+        k0 = r->ntok;
+        pthread_mutex_unlock(&g_mu);
+        enum { NB = 64, LEN = 100 };
+        int32_t *big = malloc(sizeof(int32_t) * NB * LEN);
+        int *bo = malloc(sizeof(int) * (NB + 1));
+        float *bv = malloc(sizeof(float) * NB * (size_t)D);
+        for (int i = 0; i < NB * LEN; i++) big[i] = (int32_t)(3 + (i * 131) % 300);
+        for (int i = 0; i <= NB; i++) bo[i] = i * LEN;
+        CHECK(embed(e, big, bo, NB, bv, &err) == TD_OK, "EMBED of 64 x 100 tokens: %s", err.msg);
+        pthread_mutex_lock(&g_mu);
+        k1 = r->ntok;
+        pthread_mutex_unlock(&g_mu);
+        free(big), free(bo), free(bv);
+        wait_done(r);
+    }
+    CHECK(k0 >= 2 && k1 - k0 >= 8, "generation advanced during the EMBED (%d -> %d tokens)", k0, k1);
+    CHECK(r->done && r->st == TD_OK && same_res(r, solo), "tokens and logprobs with an EMBED running == alone");
+    free(solo), free(r);
+    free_eng(e);
+
+    // A SET_WEIGHTS applied while an EMBED runs ends it (LIMIT, its blocks released): its
+    // hidden states would mix two weights.
+    e = mk_eng(g_A, true, 256);
+    if (!e) return;
+    enum { NB2 = 64, LEN2 = 100 };
+    int32_t *big = malloc(sizeof(int32_t) * NB2 * LEN2);
+    int *bo = malloc(sizeof(int) * (NB2 + 1));
+    float *bv = malloc(sizeof(float) * NB2 * (size_t)D);
+    for (int i = 0; i < NB2 * LEN2; i++) big[i] = (int32_t)(3 + (i * 131) % 300);
+    for (int i = 0; i <= NB2; i++) bo[i] = i * LEN2;
+    emb_wait w2 = {0};
+    td_embed_request q2 = {.tokens = big, .offsets = bo, .n_inputs = NB2, .out = bv};
+    td_embed_sink sink2 = {.ctx = &w2, .on_done = emb_done};
+    CHECK(td_eng_embed(e, &q2, &sink2, &err) == TD_OK, "td_eng_embed: %s", err.msg);
+    uint64_t ver = 0;
+    CHECK(set_weights(e, perturbed_get, g_A, &ver, &err) == TD_OK, "SET_WEIGHTS: %s", err.msg);
+    pthread_mutex_lock(&g_mu);
+    for (int64_t t0 = now_ms(); !w2.done && now_ms() - t0 < WAIT_MS;) {
+        pthread_mutex_unlock(&g_mu);
+        usleep(1000);
+        pthread_mutex_lock(&g_mu);
+    }
+    pthread_mutex_unlock(&g_mu);
+    CHECK(w2.done && w2.st == TD_ERR_LIMIT, "an EMBED running across SET_WEIGHTS ends with LIMIT (%d)", w2.st);
+    free(big), free(bo), free(bv);
     free_eng(e);
 }
 
