@@ -73,7 +73,8 @@ td_eng_params td_eng_default_params(void);
 td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng_params *p, td_eng **out,
                         td_err *err);
 // Cancels every request still live (on_finish(ABORT) for open choices, then on_done), completes
-// commands still queued (and DRAINs still waiting) with TD_ERR_LIMIT "shutting down", drops pending
+// commands still queued (and DRAINs still waiting, EMBEDs still running) with TD_ERR_LIMIT
+// "shutting down", drops pending
 // KV imports, joins the engine thread and frees everything, tickets included. Stop the server, and
 // every thread that may call td_eng_command, first. NULL is fine.
 void td_eng_free(td_eng *e);
