@@ -29,7 +29,8 @@ typedef struct {
     size_t kv_bytes;
     double gpu_util;
     bool no_prefix, has_seed, has_gpu_util, has_max_logprobs, has_api_key, logprobs_processed;
-    int logprobs_mode, tool_parser, ws_dtype_idx;
+    int logprobs_mode, tool_parser, ws_dtype_idx, pooling;
+    bool no_normalize;
     td_dtype kv_dtype;
     const char *api_key;
     const char *aliases[16];  // --served-model-name's names after the first, and --alias
@@ -141,6 +142,10 @@ static int parse_opts(int argc, char **argv, serve_opts *o) {
                   "raw (default: log_softmax of the model's logits) or processed (the\n"
                   "distribution sampled from, after penalties, temperature and\n"
                   "top-k/top-p/min-p); requests override it with \"logprobs_mode\"")},
+        {TD_OPT_C("pooling", &o->pooling, "last mean", "P",
+                  "POST /v1/embeddings: the final hidden state (after the final norm)\n"
+                  "of the last token (default, as vLLM) or the mean over all tokens")},
+        {TD_OPT_B("no-normalize", &o->no_normalize, "embeddings are not L2-normalised (default: they are)")},
         {TD_OPT_S("api-key", &o->api_key, "KEY",
                   "require \"Authorization: Bearer KEY\" on every route but /health\n"
                   "(default $TANDEM_API_KEY; none when unset)"),
@@ -276,6 +281,8 @@ int td_cmd_serve(int argc, char **argv) {
     ep.backend = o.backend;
     ep.chat_template = tmpl;
     ep.updatable_weights = o.weight_sync;
+    ep.pooling = o.pooling == 1 ? TD_ENG_POOL_MEAN : TD_ENG_POOL_LAST;
+    ep.embed_no_normalize = o.no_normalize;
     if (td_eng_create(m, tok, &ep, &eng, &err) != TD_OK) {
         fprintf(stderr, "tandem serve: %s\n", err.msg);
         goto done;

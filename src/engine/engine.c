@@ -7,6 +7,7 @@
 
 #include "base/rng.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +63,14 @@ typedef struct ereq {
     echoice ch[];         // [g.n]
 } ereq;
 
+typedef struct emb_slot {  // an embedding input in flight (cmd_embed)
+    int input;  // index in the command
+    int len;    // tokens
+    int done;   // tokens through the forward so far
+    int take;   // tokens in the current forward
+    int nb;     // blocks held (row a of e->tables)
+} emb_slot;
+
 typedef struct entry_meta {  // per step entry: where its logits rows are, what it was
     uint64_t seq;
     bool needs_logits;
@@ -78,9 +87,15 @@ struct td_eng_ticket {
     struct td_eng_ticket *next, *prev;  // e->tickets: every ticket not yet freed
     struct td_eng_ticket *qnext;        // e->cmd_head queue (QUEUED), or e->drains (PARKED DRAIN)
     td_eng_cmd c;                       // the copy; out fields are filled here by the engine thread
-    int32_t *tokens;                    // IMPORT_BEGIN: [n_blocks * block_size] the full blocks' ids
+    int32_t *tokens;                    // IMPORT_BEGIN: [n_blocks * block_size] the full blocks' ids;
+                                        //   EMBED: [offsets[n_inputs]] the inputs' ids
     int32_t *blocks;                    // IMPORT_BEGIN results: [n_blocks]
     size_t *offsets;                    //   [n_blocks, n_layers, 2]
+    int *emb_offs;                      // EMBED: [n_inputs + 1] the inputs' offsets into tokens
+    float *emb;                         // EMBED results: [n_inputs, dim]
+    bool detached;                      // EMBED from td_eng_embed: no waiter; on completion the
+    td_embed_sink sink;                 //   results go to user_out, then sink.on_done, then the
+    float *user_out;                    //   engine thread frees the ticket
     cmd_state state;
     bool released;  // the caller let go: whoever moves it to (or finds it in) CMD_DONE frees it
     td_status st;
@@ -132,6 +147,15 @@ struct td_eng {
     char *tail;                      // [TEXT_CAP + 2 * TD_STOP_MAX_LEN]
     int32_t *top_ids;                // [MAX_LOGPROBS]
     float *top_lps;
+    // embeddings (TD_ENG_CMD_EMBED), sized at create
+    int dim;                         // floats per embedding (the model's hidden size)
+    float *hidden;                   // [max_batched_tokens, dim] final hidden rows of one forward
+    double *emb_acc;                 // [max_seqs, dim] pooled sums of the inputs in flight
+    struct emb_slot *emb_act;        // [max_seqs] those inputs of the head EMBED
+    int32_t *emb_tables;             // [max_seqs, table_stride] their blocks (row a: slot a)
+    td_kv_layer *emb_kvl;            // [n_layers] the pool's layers read through emb_tables
+    int emb_nact, emb_next, emb_finished;  // the head EMBED: inputs in flight, next to enter, done
+    struct td_eng_ticket *emb_head, *emb_tail;  // EMBEDs applied, run one forward per loop (FIFO)
 
     // request slots (engine thread)
     ereq **slots;  // [n_req_slots]
@@ -386,6 +410,9 @@ void td_eng_info(td_eng *e, td_engine_info *o) {
     o->max_model_len = e->max_ctx;
     o->vocab_size = e->vocab;
     o->created = e->created;
+    o->embed_dim = e->dim;
+    o->embed_pooling = e->p.pooling == TD_ENG_POOL_MEAN ? "mean" : "last";
+    o->embed_normalized = !e->p.embed_no_normalize;
 }
 
 void td_eng_debug_get(td_eng *e, td_eng_debug *o) {
@@ -760,6 +787,7 @@ static const char *cmd_name(td_eng_cmd_type t) {
     case TD_ENG_CMD_DRAIN: return "DRAIN";
     case TD_ENG_CMD_RESUME: return "RESUME";
     case TD_ENG_CMD_REPORT_STATE: return "REPORT_STATE";
+    case TD_ENG_CMD_EMBED: return "EMBED";
     }
     return "unknown command";
 }
@@ -776,11 +804,13 @@ static void ticket_free_locked(td_eng *e, td_eng_ticket *t) {
     free(t);
 }
 
-td_status td_eng_cmd_submit(td_eng *e, const td_eng_cmd *cmd, td_eng_ticket **out, td_err *err) {
-    if (out) *out = NULL;
-    if (!e || !cmd || !out) return td_err_set(err, TD_ERR_INVALID, "engine: command: no engine, command or ticket");
+// Checks and queues a command; sink non-NULL: a detached EMBED (td_eng_embed) whose results go to
+// user_out. *out receives the ticket (also for a detached one, which the caller must not touch).
+static td_status cmd_queue(td_eng *e, const td_eng_cmd *cmd, const td_embed_sink *sink, float *user_out,
+                           td_eng_ticket **out, td_err *err) {
     const int bs = e->p.block_size, L = e->n_layers;
-    int nb = 0;  // IMPORT_BEGIN: blocks to reserve
+    int nb = 0;         // IMPORT_BEGIN: blocks to reserve
+    size_t n_emb = 0;   // EMBED: tokens
     switch (cmd->type) {
     case TD_ENG_CMD_SET_WEIGHTS:
         if (!cmd->set_weights.get) return td_err_set(err, TD_ERR_INVALID, "engine: SET_WEIGHTS without a source");
@@ -801,19 +831,57 @@ td_status td_eng_cmd_submit(td_eng *e, const td_eng_cmd *cmd, td_eng_ticket **ou
                                   cmd->import.tokens[i], i, e->vocab);
         break;
     }
+    case TD_ENG_CMD_EMBED: {
+        const int n = cmd->embed.n_inputs;
+        const int *off = cmd->embed.offsets;
+        if (n < 1 || n > (1 << 20) || !off || !cmd->embed.tokens || off[0] != 0)
+            return td_err_set(err, TD_ERR_INVALID, "engine: EMBED needs 1 to 2^20 inputs, with offsets from 0 and tokens");
+        for (int i = 0; i < n; i++) {
+            const int len = off[i + 1] - off[i];
+            if (len < 1 || len > e->max_ctx)
+                return td_err_set(err, TD_ERR_INVALID,
+                                  "engine: EMBED input %d has %d tokens; each needs 1 to %d (max_model_len)", i,
+                                  off[i + 1] - off[i], e->max_ctx);
+            for (int k = off[i]; k < off[i + 1]; k++)
+                if (cmd->embed.tokens[k] < 0 || cmd->embed.tokens[k] >= e->vocab)
+                    return td_err_set(err, TD_ERR_INVALID,
+                                      "engine: EMBED input %d: token %d at position %d is outside the vocabulary (%d)", i,
+                                      cmd->embed.tokens[k], k - off[i], e->vocab);
+        }
+        n_emb = (size_t)off[n];
+        break;
+    }
     case TD_ENG_CMD_TRANSFER_DONE:
     case TD_ENG_CMD_DRAIN:
     case TD_ENG_CMD_RESUME:
     case TD_ENG_CMD_REPORT_STATE: break;
     default: return td_err_set(err, TD_ERR_INVALID, "engine: unknown command type %d", (int)cmd->type);
     }
-    // One allocation: the ticket, then IMPORT_BEGIN's offsets, blocks and tokens.
+    // One allocation: the ticket, then IMPORT_BEGIN's offsets, blocks and tokens, or EMBED's
+    // results, offsets and tokens.
     const size_t n_off = (size_t)nb * (size_t)L * 2;
+    const size_t n_in = cmd->type == TD_ENG_CMD_EMBED ? (size_t)cmd->embed.n_inputs : 0;
     const size_t sz = sizeof(td_eng_ticket) + n_off * sizeof(size_t) + (size_t)nb * sizeof(int32_t) +
-                      (size_t)nb * (size_t)bs * sizeof(int32_t);
+                      (size_t)nb * (size_t)bs * sizeof(int32_t) + n_in * (size_t)e->dim * sizeof(float) +
+                      (n_in ? n_in + 1 : 0) * sizeof(int) + n_emb * sizeof(int32_t);
     td_eng_ticket *t = calloc(1, sz);
     if (!t) return td_err_set(err, TD_ERR_NOMEM, "engine: out of memory");
     t->c = *cmd;
+    if (cmd->type == TD_ENG_CMD_EMBED) {
+        t->emb = (float *)(t + 1);
+        t->emb_offs = (int *)(t->emb + n_in * (size_t)e->dim);
+        t->tokens = (int32_t *)(t->emb_offs + n_in + 1);
+        memcpy(t->emb_offs, cmd->embed.offsets, (n_in + 1) * sizeof(int));
+        memcpy(t->tokens, cmd->embed.tokens, n_emb * sizeof(int32_t));
+        t->c.embed.tokens = t->tokens;
+        t->c.embed.offsets = t->emb_offs;
+        t->c.embed.out = NULL;
+        if (sink) {
+            t->detached = true;
+            t->sink = *sink;
+            t->user_out = user_out;
+        }
+    }
     if (cmd->type == TD_ENG_CMD_IMPORT_BEGIN) {
         t->offsets = (size_t *)(t + 1);
         t->blocks = (int32_t *)(t->offsets + n_off);
@@ -844,6 +912,23 @@ td_status td_eng_cmd_submit(td_eng *e, const td_eng_cmd *cmd, td_eng_ticket **ou
     return TD_OK;
 }
 
+td_status td_eng_cmd_submit(td_eng *e, const td_eng_cmd *cmd, td_eng_ticket **out, td_err *err) {
+    if (out) *out = NULL;
+    if (!e || !cmd || !out) return td_err_set(err, TD_ERR_INVALID, "engine: command: no engine, command or ticket");
+    return cmd_queue(e, cmd, NULL, NULL, out, err);
+}
+
+td_status td_eng_embed(td_eng *e, const td_embed_request *req, const td_embed_sink *sink, td_err *err) {
+    if (!e || !req || !sink || !sink->on_done || !req->out)
+        return td_err_set(err, TD_ERR_INVALID, "engine: embed: no engine, request, output or sink");
+    td_eng_cmd c = {.type = TD_ENG_CMD_EMBED};
+    c.embed.tokens = req->tokens;
+    c.embed.offsets = req->offsets;
+    c.embed.n_inputs = req->n_inputs;
+    td_eng_ticket *t;  // detached: the engine thread frees it
+    return cmd_queue(e, &c, sink, req->out, &t, err);
+}
+
 // Copies a completed command's out fields into the caller's struct (mu held).
 static void cmd_copy_out(const td_eng *e, const td_eng_ticket *t, td_eng_cmd *dst) {
     const td_eng_cmd *c = &t->c;
@@ -863,6 +948,12 @@ static void cmd_copy_out(const td_eng *e, const td_eng_ticket *t, td_eng_cmd *ds
     }
     case TD_ENG_CMD_TRANSFER_DONE: dst->transfer_done.n_cached_tokens = c->transfer_done.n_cached_tokens; break;
     case TD_ENG_CMD_REPORT_STATE: dst->state = c->state; break;
+    case TD_ENG_CMD_EMBED:
+        dst->embed.dim = c->embed.dim;
+        dst->embed.n_tokens = c->embed.n_tokens;
+        if (dst->embed.out && t->st == TD_OK)
+            memcpy(dst->embed.out, t->emb, (size_t)c->embed.n_inputs * (size_t)e->dim * sizeof(float));
+        break;
     default: break;
     }
 }
@@ -952,6 +1043,15 @@ td_status td_eng_command(td_eng *e, td_eng_cmd *cmd, int timeout_ms, td_err *err
 
 // Engine thread: the command is complete; wake waiters, free it if nobody waits any more.
 static void cmd_complete(td_eng *e, td_eng_ticket *t, td_status st, const char *msg) {
+    if (t->detached) {  // td_eng_embed: nobody waits; the sink hears of it, then the ticket goes
+        if (st == TD_OK)
+            memcpy(t->user_out, t->emb, (size_t)t->c.embed.n_inputs * (size_t)e->dim * sizeof(float));
+        t->sink.on_done(t->sink.ctx, st, st ? (msg && *msg ? msg : td_status_name(st)) : NULL);
+        pthread_mutex_lock(&e->mu);
+        ticket_free_locked(e, t);
+        pthread_mutex_unlock(&e->mu);
+        return;
+    }
     pthread_mutex_lock(&e->mu);
     t->st = st;
     snprintf(t->msg, sizeof t->msg, "%s", st && msg ? msg : "");
@@ -1044,6 +1144,8 @@ static void fail_all(td_eng *e, td_status st, const char *msg) {
     }
 }
 
+static void embeds_fail(td_eng *e, td_status st, const char *msg);
+
 static td_status cmd_set_weights(td_eng *e, td_eng_cmd *c, td_err *err) {
     if (!e->p.updatable_weights)
         return td_err_set(err, TD_ERR_UNSUPPORTED,
@@ -1057,6 +1159,7 @@ static td_status cmd_set_weights(td_eng *e, td_eng_cmd *c, td_err *err) {
         // sequences recompute, the prefix cache restarts under the new version), and imports
         // computed by the old ones are dropped.
         imports_drop_all(e, "dropped by a weights update");
+        embeds_fail(e, TD_ERR_LIMIT, "engine: embeddings interrupted by a weights update; retry");
         td_sched_set_weights_version(e->sched, e->weights_version + 1);
         pthread_mutex_lock(&e->mu);
         e->weights_version++;
@@ -1081,6 +1184,7 @@ static td_status cmd_set_weights(td_eng *e, td_eng_cmd *c, td_err *err) {
     snprintf(e->weights_msg, sizeof e->weights_msg, "%s", msg);
     pthread_mutex_unlock(&e->mu);
     imports_drop_all(e, "dropped by a failed weights update");
+    embeds_fail(e, TD_ERR_LIMIT, msg);
     fail_all(e, TD_ERR_LIMIT, msg);
     return td_err_set(err, st, "engine: SET_WEIGHTS failed: %s", ferr.msg);
 }
@@ -1179,10 +1283,13 @@ static td_status cmd_transfer_done(td_eng *e, td_eng_cmd *c, td_err *err) {
 static td_status check_all(td_eng *e, td_err *err) {
     td_status st0 = td_sched_check(e->sched, err);
     if (st0) return st0;
-    if (td_sched_n_held(e->sched) != e->n_import_blocks)
-        return td_err_set(err, TD_ERR_INVALID, "engine check: %d blocks held by the scheduler, %d by imports",
-                          td_sched_n_held(e->sched), e->n_import_blocks);
-    if (!e->imports) return TD_OK;
+    int emb_blocks = 0;  // held by the embedding inputs in flight
+    for (int a = 0; a < e->emb_nact; a++) emb_blocks += e->emb_act[a].nb;
+    if (td_sched_n_held(e->sched) != e->n_import_blocks + emb_blocks)
+        return td_err_set(err, TD_ERR_INVALID,
+                          "engine check: %d blocks held by the scheduler, %d by imports, %d by embeddings",
+                          td_sched_n_held(e->sched), e->n_import_blocks, emb_blocks);
+    if (!e->imports && !e->emb_nact) return TD_OK;
     td_status st = td_kv_pool_check(e->pool, err);
     if (st) return st;
     const int nb = td_kv_pool_n_blocks(e->pool);
@@ -1203,6 +1310,8 @@ static td_status check_all(td_eng *e, td_err *err) {
     }
     for (const eimport *im = e->imports; im; im = im->next)
         for (int i = 0; i < im->n_blocks; i++) refs[im->blocks[i]]++;
+    for (int a = 0; a < e->emb_nact; a++)
+        for (int i = 0; i < e->emb_act[a].nb; i++) refs[e->emb_tables[(size_t)a * e->table_stride + i]]++;
     for (int b = 0; !st && b < nb; b++)
         if (refs[b] != td_kv_pool_refcount(e->pool, b))
             st = td_err_set(err, TD_ERR_INVALID, "engine check: block %d: refcount %d but %d references", b,
@@ -1226,7 +1335,7 @@ static void drains_complete(td_eng *e, td_status st, const char *msg) {
     if (!e->drains) return;
     if (!st) {
         pthread_mutex_lock(&e->mu);
-        bool idle = e->n_live == 0;
+        bool idle = e->n_live == 0 && !e->emb_head;
         pthread_mutex_unlock(&e->mu);
         if (!idle) return;
     }
@@ -1237,6 +1346,158 @@ static void drains_complete(td_eng *e, td_status st, const char *msg) {
         cmd_complete(e, t, st, msg);
     }
     e->drains_tail = NULL;
+}
+
+// Releases the blocks of the embedding inputs in flight.
+static void embed_release(td_eng *e) {
+    for (int a = 0; a < e->emb_nact; a++)
+        td_sched_unhold_blocks(e->sched, e->emb_tables + (size_t)a * e->table_stride, e->emb_act[a].nb);
+    e->emb_nact = 0;
+}
+
+// Ends the EMBED at the head of the queue (its blocks released) with st.
+static void embed_end(td_eng *e, td_status st, const char *msg) {
+    td_eng_ticket *t = e->emb_head;
+    embed_release(e);
+    e->emb_head = t->qnext;
+    if (!e->emb_head) e->emb_tail = NULL;
+    t->qnext = NULL;
+    e->emb_next = e->emb_finished = 0;
+    if (st == TD_OK) {
+        t->c.embed.dim = e->dim;
+        t->c.embed.n_tokens = t->emb_offs[t->c.embed.n_inputs];
+    }
+    cmd_complete(e, t, st, msg);
+}
+
+// Fails every EMBED still queued or running (shutdown, a weights update: their hidden states
+// would mix weights).
+static void embeds_fail(td_eng *e, td_status st, const char *msg) {
+    while (e->emb_head) embed_end(e, st, msg);
+}
+
+// One forward of the EMBED at the head of the queue (TD_ENG_CMD_EMBED, engine.h), run between
+// generation steps so that both advance: inputs enter in order while a sequence row and their
+// blocks are free; the forward takes the next tokens of every input in flight (within
+// max_batched_tokens) over that input's own held blocks (row a of emb_tables, batch sequence a);
+// the final hidden rows are pooled into emb_acc; an input is finished (mean, L2 norm) and its
+// blocks released as soon as its last token has run. Nothing is entered into the prefix cache.
+// Returns whether a forward ran.
+static bool embed_step(td_eng *e) {
+    td_eng_ticket *t = e->emb_head;
+    if (!t) return false;
+    const int n = t->c.embed.n_inputs, D = e->dim, bs = e->p.block_size, S = e->p.max_seqs;
+    const int TB = e->p.max_batched_tokens;
+    const int *off = t->emb_offs;
+    const bool mean = e->p.pooling == TD_ENG_POOL_MEAN;
+    emb_slot *act = e->emb_act;
+    while (e->emb_next < n && e->emb_nact < S) {  // admit the next inputs while there is room
+        const int len = off[e->emb_next + 1] - off[e->emb_next], nb = (len + bs - 1) / bs;
+        if (td_kv_pool_n_available(e->pool) < nb) break;
+        td_err herr = {0};
+        if (td_sched_hold_blocks(e->sched, nb, e->emb_tables + (size_t)e->emb_nact * e->table_stride, &herr)) break;
+        act[e->emb_nact] = (emb_slot){.input = e->emb_next, .len = len, .nb = nb};
+        memset(e->emb_acc + (size_t)e->emb_nact * D, 0, (size_t)D * sizeof(double));
+        e->emb_nact++, e->emb_next++;
+    }
+    if (e->emb_nact == 0) {
+        char msg[TD_ERR_MSG_MAX];
+        snprintf(msg, sizeof msg,
+                 "engine: no room in the KV cache for an input of %d tokens now (%d of %d blocks available); retry "
+                 "later",
+                 off[e->emb_next + 1] - off[e->emb_next], td_kv_pool_n_available(e->pool), td_kv_pool_n_blocks(e->pool));
+        embed_end(e, TD_ERR_LIMIT, msg);
+        return false;
+    }
+    int T = 0;
+    for (int a = 0; a < e->emb_nact; a++) {
+        emb_slot *q = &act[a];
+        int take = q->len - q->done;
+        if (take > TB - T) take = TB - T;
+        q->take = take;
+        for (int k = 0; k < take; k++, T++) {
+            const int p = q->done + k;
+            e->b_tok[T] = t->tokens[off[q->input] + p];
+            e->b_pos[T] = p;
+            e->b_seq[T] = a;
+            e->b_want[T] = mean || p == q->len - 1;
+        }
+    }
+    td_batch b = {.n_tokens = T, .tokens = e->b_tok, .pos = e->b_pos, .seq_id = e->b_seq, .want_logits = e->b_want};
+    td_err ferr = {0};
+    td_status st = td_forward_run_kv_hidden(e->fwd, &b, e->emb_kvl, e->hidden, &ferr);
+    pthread_mutex_lock(&e->mu);
+    e->dbg.n_steps++;
+    e->dbg.n_batch_tokens += (uint64_t)T;
+    pthread_mutex_unlock(&e->mu);
+    if (st) {
+        char msg[TD_ERR_MSG_MAX];
+        snprintf(msg, sizeof msg, "engine: embedding forward failed: %.400s", ferr.msg);
+        embed_end(e, st, msg);
+        return true;
+    }
+    // Pool the rows (batch order: slot by slot), then finish the inputs that are done.
+    const float *row = e->hidden;
+    for (int a = 0; a < e->emb_nact; a++) {
+        emb_slot *q = &act[a];
+        double *acc = e->emb_acc + (size_t)a * D;
+        for (int k = 0; k < q->take; k++) {
+            if (!mean && q->done + k != q->len - 1) continue;
+            for (int d = 0; d < D; d++) acc[d] += row[d];
+            row += D;
+        }
+        q->done += q->take;
+    }
+    int w = 0;
+    for (int a = 0; a < e->emb_nact; a++) {
+        emb_slot *q = &act[a];
+        double *acc = e->emb_acc + (size_t)a * D;
+        int32_t *blocks = e->emb_tables + (size_t)a * e->table_stride;
+        if (q->done < q->len) {  // still running: keep it, compacted to slot w
+            if (w != a) {
+                act[w] = *q;
+                memcpy(e->emb_tables + (size_t)w * e->table_stride, blocks, (size_t)q->nb * sizeof(int32_t));
+                memcpy(e->emb_acc + (size_t)w * D, acc, (size_t)D * sizeof(double));
+            }
+            w++;
+            continue;
+        }
+        const double scale = mean ? 1.0 / q->len : 1.0;
+        double ss = 0;
+        for (int d = 0; d < D; d++) acc[d] *= scale, ss += acc[d] * acc[d];
+        // As torch.nn.functional.normalize: x / max(||x||, 1e-12).
+        const double inv = e->p.embed_no_normalize ? 1.0 : 1.0 / (sqrt(ss) > 1e-12 ? sqrt(ss) : 1e-12);
+        float *o = t->emb + (size_t)q->input * D;
+        for (int d = 0; d < D; d++) o[d] = (float)(acc[d] * inv);
+        td_sched_unhold_blocks(e->sched, blocks, q->nb);
+        e->emb_finished++;
+    }
+    e->emb_nact = w;
+    if (e->emb_finished == n) embed_end(e, TD_OK, NULL);
+    return true;
+}
+
+// EMBED applied: refused at once while draining or with unusable weights; otherwise queued behind
+// the EMBEDs already running (parked: embed_step completes it).
+static bool cmd_embed(td_eng *e, td_eng_ticket *t, td_err *err) {
+    if (!e->weights_ok) {
+        td_err_set(err, TD_ERR_LIMIT, "engine: %s", e->weights_msg);
+        return false;
+    }
+    pthread_mutex_lock(&e->mu);
+    const bool draining = e->draining;
+    if (!draining) t->state = CMD_PARKED;
+    pthread_mutex_unlock(&e->mu);
+    if (draining) {
+        td_err_set(err, TD_ERR_LIMIT, "engine: draining: not accepting new requests");
+        return false;
+    }
+    if (e->emb_tail)
+        e->emb_tail->qnext = t;
+    else
+        e->emb_head = t;
+    e->emb_tail = t;
+    return true;
 }
 
 // Applies one command (engine thread, between steps). A DRAIN with requests still live is parked
@@ -1269,6 +1530,10 @@ static void cmd_apply(td_eng *e, td_eng_ticket *t) {
         drains_complete(e, TD_ERR_LIMIT, "engine: DRAIN interrupted by RESUME before the engine was idle");
         break;
     case TD_ENG_CMD_REPORT_STATE: state_fill(e, &t->c.state); break;
+    case TD_ENG_CMD_EMBED:
+        if (cmd_embed(e, t, &err)) return;  // parked: embed_step completes it
+        st = err.status;
+        break;
     }
     snapshot(e);  // td_eng_debug agrees with the command's effect once its waiter wakes
     cmd_complete(e, t, st, err.msg);
@@ -1301,7 +1566,7 @@ static void *engine_thread(void *arg) {
     for (;;) {
         drains_complete(e, TD_OK, NULL);  // DRAINs whose engine became idle
         pthread_mutex_lock(&e->mu);
-        bool active = e->n_free_slots < e->n_req_slots || e->pend_head;
+        bool active = e->n_free_slots < e->n_req_slots || e->pend_head || e->emb_head;
         // Idle: sleep until work arrives, the next lease deadline, or the tick.
         while (!e->quit && !e->inbox_head && !active && e->n_cancel_req == seen_cancels && !e->cmd_head) {
             const int64_t now = now_ns(), due = imports_due(e);
@@ -1348,6 +1613,7 @@ static void *engine_thread(void *arg) {
         }
         // Commands, between steps; then leases that ran out.
         cmds_run(e, quit);
+        if (quit) embeds_fail(e, TD_ERR_LIMIT, "engine: shutting down");
         imports_expire(e);
         if (quit && !e->pend_head && e->n_free_slots == e->n_req_slots) {
             pthread_mutex_lock(&e->mu);
@@ -1377,6 +1643,11 @@ static void *engine_thread(void *arg) {
         bool ran = step(e);
         debug_check(e);
         snapshot(e);
+        if (embed_step(e)) {  // one forward of a running EMBED after each step: both advance
+            ran = true;
+            debug_check(e);
+            snapshot(e);
+        }
         if (!ran) {  // live sequences but nothing runnable (waiting for blocks an import holds): do not spin
             pthread_mutex_lock(&e->mu);
             if (!e->inbox_head && e->n_cancel_req == seen_cancels && !e->quit && !e->cmd_head &&
@@ -1387,6 +1658,7 @@ static void *engine_thread(void *arg) {
     }
     // Shutting down: nothing is live any more; what is left of the command machinery ends here.
     cmds_run(e, true);
+    embeds_fail(e, TD_ERR_LIMIT, "engine: shutting down");
     drains_complete(e, TD_ERR_LIMIT, "engine: shutting down");
     imports_drop_all(e, "dropped at shutdown");
     return NULL;
@@ -1401,6 +1673,9 @@ static td_status i_submit(void *ctx, const td_gen_request *g, const td_gen_sink 
 }
 static void i_cancel(void *ctx, td_engine_handle h) { td_eng_cancel(ctx, h); }
 static void i_stats(void *ctx, td_engine_stats *o) { td_eng_stats(ctx, o); }
+static td_status i_embed(void *ctx, const td_embed_request *q, const td_embed_sink *s, td_err *err) {
+    return td_eng_embed(ctx, q, s, err);
+}
 
 static int i_tokenize(void *ctx, const char *text, size_t len, bool add_special, int32_t *ids, int cap,
                       td_err *err) {
@@ -1504,6 +1779,7 @@ static const td_engine_iface eng_iface = {
     .tokenize = i_tokenize,
     .detokenize = i_detokenize,
     .apply_chat_template = i_chat,
+    .embed = i_embed,
 };
 
 td_engine td_eng_iface(td_eng *e) { return (td_engine){.vt = &eng_iface, .ctx = e}; }
@@ -1524,6 +1800,8 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
     if (p.max_waiting <= 0) p.max_waiting = 256;
     if (p.max_queue <= 0) p.max_queue = 4096;
     if (!(p.kv_cache_fraction > 0 && p.kv_cache_fraction <= 1)) p.kv_cache_fraction = 0.25;
+    if (p.pooling != TD_ENG_POOL_LAST && p.pooling != TD_ENG_POOL_MEAN)
+        return td_err_set(err, TD_ERR_INVALID, "engine: unknown pooling %d (last or mean)", (int)p.pooling);
     const td_model_config *c = &m->cfg;
     if (td_tokenizer_vocab_size(tok) > c->vocab_size)
         TD_LOGW("engine: the tokenizer knows %d ids, the model %d; ids beyond the model are rejected",
@@ -1665,13 +1943,19 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
     e->tail = malloc(TEXT_CAP + 2 * TD_STOP_MAX_LEN);
     e->top_ids = malloc(MAX_LOGPROBS * sizeof(int32_t));
     e->top_lps = malloc(MAX_LOGPROBS * sizeof(float));
+    e->dim = c->dim;
+    e->hidden = malloc(T * (size_t)c->dim * sizeof(float));
+    e->emb_acc = malloc((size_t)p.max_seqs * (size_t)c->dim * sizeof(double));
+    e->emb_act = malloc((size_t)p.max_seqs * sizeof *e->emb_act);
+    e->emb_tables = calloc((size_t)p.max_seqs * (size_t)e->table_stride, sizeof *e->emb_tables);
+    e->emb_kvl = calloc((size_t)c->n_layers, sizeof *e->emb_kvl);
     e->slots = calloc((size_t)e->n_req_slots, sizeof *e->slots);
     e->free_slots = malloc((size_t)e->n_req_slots * sizeof(int));
     e->smp = td_sampler_create(e->vocab);
     e->gcache = td_grammar_cache_create(16);
     e->gvocab = td_gvocab_from_tokenizer(e->tok, e->vocab, e->eos, e->n_eos, NULL);
     if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->tables || !e->kvl || !e->meta || !e->logits ||
-        !e->scratch || !e->text || !e->tail || !e->top_ids || !e->top_lps || !e->slots || !e->free_slots || !e->smp) {
+        !e->scratch || !e->text || !e->tail || !e->top_ids || !e->top_lps || !e->hidden || !e->emb_acc || !e->emb_act || !e->emb_tables || !e->emb_kvl || !e->slots || !e->free_slots || !e->smp) {
         st = td_err_set(err, TD_ERR_NOMEM, "engine: out of memory (logits %zu MiB)", T * V * 4 >> 20);
         goto fail;
     }
@@ -1685,6 +1969,10 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
                                   .block_size = p.block_size,
                                   .kv_dim = e->kv_dim,
                                   .dtype = p.kv_cache_dtype};
+    for (int l = 0; l < c->n_layers; l++) {
+        e->emb_kvl[l] = e->kvl[l];
+        e->emb_kvl[l].block_table = e->emb_tables;
+    }
     e->p = p;
     e->p.model_name = e->model_name;
     e->p.chat_template = NULL;
@@ -1727,7 +2015,7 @@ void td_eng_free(td_eng *e) {
     td_chat_template_free(e->tmpl);
     free(e->b_tok), free(e->b_pos), free(e->b_seq), free(e->b_want), free(e->tables), free(e->kvl);
     free(e->meta), free(e->logits), free(e->scratch), free(e->text), free(e->tail), free(e->top_ids);
-    free(e->top_lps), free(e->slots), free(e->free_slots), free(e->model_name);
+    free(e->top_lps), free(e->hidden), free(e->emb_acc), free(e->emb_act), free(e->emb_tables), free(e->emb_kvl), free(e->slots), free(e->free_slots), free(e->model_name);
     while (e->tickets) ticket_free_locked(e, e->tickets);  // completed, never released
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);

@@ -25,6 +25,12 @@ struct td_buffer;
 
 #define TD_ENG_MAX_N 64  // choices per request (server caps n at 16)
 
+// How an embedding pools the final hidden states of its input's tokens (TD_ENG_CMD_EMBED).
+typedef enum td_eng_pooling {
+    TD_ENG_POOL_LAST = 0,  // the last token's (vLLM's default for decoder-only models)
+    TD_ENG_POOL_MEAN,      // the mean over every token of the input (a BOS the tokenizer added included)
+} td_eng_pooling;
+
 typedef struct td_eng_params {
     const char *model_name;     // served model id (copied); NULL: the model path's last component
     size_t kv_cache_bytes;      // K/V budget in bytes; 0: kv_cache_fraction of MemAvailable, capped
@@ -51,6 +57,8 @@ typedef struct td_eng_params {
                                 //   are counted
     bool updatable_weights;     // create the forward with own_weights so that SET_WEIGHTS can replace
                                 //   the weights (default false: it costs a copy of the weights)
+    td_eng_pooling pooling;     // embeddings: TD_ENG_POOL_LAST (default) or TD_ENG_POOL_MEAN
+    bool embed_no_normalize;    // embeddings are L2-normalised unless this is set
 } td_eng_params;
 
 td_eng_params td_eng_default_params(void);
@@ -65,7 +73,8 @@ td_eng_params td_eng_default_params(void);
 td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng_params *p, td_eng **out,
                         td_err *err);
 // Cancels every request still live (on_finish(ABORT) for open choices, then on_done), completes
-// commands still queued (and DRAINs still waiting) with TD_ERR_LIMIT "shutting down", drops pending
+// commands still queued (and DRAINs still waiting, EMBEDs still running) with TD_ERR_LIMIT
+// "shutting down", drops pending
 // KV imports, joins the engine thread and frees everything, tickets included. Stop the server, and
 // every thread that may call td_eng_command, first. NULL is fine.
 void td_eng_free(td_eng *e);
@@ -120,6 +129,7 @@ typedef enum td_eng_cmd_type {
     TD_ENG_CMD_DRAIN,            // stop admitting submissions; completes when no request is live
     TD_ENG_CMD_RESUME,           // admit submissions again
     TD_ENG_CMD_REPORT_STATE,     // fill a td_eng_state
+    TD_ENG_CMD_EMBED,            // pooled final hidden states of token sequences (embeddings)
 } td_eng_cmd_type;
 
 typedef struct td_eng_state {
@@ -176,6 +186,28 @@ typedef struct td_eng_cmd {
             int n_cached_tokens;  // out: tokens entered into the prefix cache (0 after a failure)
         } transfer_done;
         td_eng_state state;  // out: TD_ENG_CMD_REPORT_STATE
+        struct {  // TD_ENG_CMD_EMBED
+            // in (copied at submit): input i is tokens[offsets[i], offsets[i + 1]), offsets[0] == 0,
+            // each 1..max_model_len ids inside the vocabulary; n_inputs >= 1.
+            const int32_t *tokens;
+            const int *offsets;
+            int n_inputs;
+            // out: [n_inputs, dim] caller-owned (may be NULL), filled by the waiting call: each
+            // input's final hidden state (forward.h, td_forward_run_kv_hidden) pooled by
+            // td_eng_params.pooling, L2-normalised unless embed_no_normalize. The inputs run
+            // through the forward in batches of up to max_seqs inputs and max_batched_tokens
+            // tokens, each over KV blocks held for it alone and released when it is done, so
+            // running sequences and the prefix cache are untouched (nothing is cached). Once
+            // applied, the command runs one such forward after each generation step (both
+            // advance; later commands do not wait for it; EMBEDs run one after another) and
+            // completes when its last input is pooled. TD_ERR_LIMIT when the pool cannot hold
+            // one input now (blocks in use: retry later), while draining, with unusable
+            // weights, when a SET_WEIGHTS is applied meanwhile (its hidden states would mix
+            // weights) or at shutdown. A DRAIN completes only once no EMBED runs.
+            float *out;
+            int dim;       // out: floats per embedding (the model's hidden size)
+            int n_tokens;  // out: tokens run, offsets[n_inputs]
+        } embed;
     };
 } td_eng_cmd;
 
@@ -205,6 +237,13 @@ td_status td_eng_cmd_submit(td_eng *e, const td_eng_cmd *cmd, td_eng_ticket **t,
 // arrays *cmd names) and the command's status is returned. Not yet: *done = false, TD_ERR_TIMEOUT.
 td_status td_eng_cmd_wait(td_eng *e, td_eng_ticket *t, td_eng_cmd *cmd, int timeout_ms, bool *done,
                           td_err *err);
+// TD_ENG_CMD_EMBED without a waiter (the iface's embed method): checks and queues req as that
+// command and returns at once; when it completes, the engine thread copies the embeddings into
+// req->out (on success) and calls sink->on_done exactly once (also with TD_ERR_LIMIT "shutting
+// down" when the engine ends first). req's arrays must stay valid until then. On failure nothing
+// is queued and no sink call follows. Callable from any thread.
+td_status td_eng_embed(td_eng *e, const td_embed_request *req, const td_embed_sink *sink, td_err *err);
+
 // Frees the ticket: a command still queued is cancelled (never runs), one being applied completes
 // and its result is discarded. Tickets not released are freed by td_eng_free (and die with it).
 void td_eng_cmd_release(td_eng *e, td_eng_ticket *t);

@@ -125,7 +125,26 @@ typedef struct td_engine_info {
     int max_model_len;        // tokens, prompt + completion
     int vocab_size;
     int64_t created;          // unix seconds, for /v1/models
+    int embed_dim;            // floats per embedding (the hidden size); 0: no embeddings (embed NULL)
+    const char *embed_pooling;  // "last" or "mean" (static string), NULL without embeddings
+    bool embed_normalized;    // embeddings are L2-normalised
 } td_engine_info;
+
+// One embeddings request: every input already as token ids. Built by the server in the request's
+// arena; the engine reads it, and writes out, until on_done has returned.
+typedef struct td_embed_request {
+    const int32_t *tokens;  // [offsets[n_inputs]] the inputs' ids, concatenated
+    const int *offsets;     // [n_inputs + 1]: input i is tokens[offsets[i], offsets[i + 1]); offsets[0] == 0
+    int n_inputs;           // >= 1; each input has 1..max_model_len tokens
+    float *out;             // [n_inputs, embed_dim] written before on_done reports TD_OK
+} td_embed_request;
+
+typedef struct td_embed_sink {
+    void *ctx;
+    // Exactly once per accepted embed call, on an engine thread, without engine locks held; status
+    // TD_OK (out is filled) or the failure that ended it (message in msg). Must not block for long.
+    void (*on_done)(void *ctx, td_status status, const char *msg);
+} td_embed_sink;
 
 typedef struct td_engine_handle {
     uint64_t v;  // opaque to the server
@@ -152,6 +171,11 @@ typedef struct td_engine_iface {
     // with the model's chat template. *out is malloc'd (caller frees). add_generation_prompt as vLLM.
     td_status (*apply_chat_template)(void *ctx, const cJSON *messages, const cJSON *body,
                                      bool add_generation_prompt, char **out, size_t *len, td_err *err);
+    // Optional (NULL: the server answers POST /v1/embeddings with 400, "this model does not serve
+    // embeddings"). Pools the final hidden state of each input (td_engine_info says how). Thread-safe.
+    // On failure returns a status (TD_ERR_INVALID: bad input; TD_ERR_UNSUPPORTED: not on this
+    // engine; TD_ERR_LIMIT: busy, shutting down, retry later) with a message and makes no sink call.
+    td_status (*embed)(void *ctx, const td_embed_request *req, const td_embed_sink *sink, td_err *err);
 } td_engine_iface;
 
 typedef struct td_engine {

@@ -80,6 +80,7 @@ struct td_forward {
     float *d_logits;     // [max_batch_tokens, vocab] for a device backend (NULL on a host one)
     int32_t *rows_host;  // [max_batch_tokens] host staging of the logits row indices
     size_t off_tok, off_pos, off_seq, off_rows, off_table, off_logits;  // byte offsets in sbuf
+    size_t off_xn;       // byte offset of xn in sbuf (td_forward_run_kv_hidden copies it out)
 };
 
 td_forward_params td_forward_default_params(void) {
@@ -433,6 +434,7 @@ static td_status alloc_scratch(td_forward *f, td_err *err) {
     td_status st = td_backend_alloc(be, off, "forward scratch", &f->sbuf, err);
     if (st) return st;
     for (int i = 0; i < 8; i++) *ptrs[i] = td_buffer_at(f->sbuf, offs[i]);
+    f->off_xn = offs[1];
     f->d_tok = td_buffer_at(f->sbuf, f->off_tok);
     f->d_pos = td_buffer_at(f->sbuf, f->off_pos);
     f->d_seq = td_buffer_at(f->sbuf, f->off_seq);
@@ -612,18 +614,34 @@ static td_status check_batch(td_forward *f, const td_batch *b, bool check_len, i
     return TD_OK;
 }
 
-static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl, float *logits, td_err *err);
+static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl, float *logits, float *hidden,
+                     td_err *err);
 
 td_status td_forward_run(td_forward *f, const td_batch *b, float *logits, td_err *err) {
     if (!f || !b) return td_err_set(err, TD_ERR_INVALID, "forward: no forward or batch");
     if (f->p.external_kv)
         return td_err_set(err, TD_ERR_INVALID, "forward: created with external_kv: use td_forward_run_kv");
-    return run(f, b, f->kvl, logits, err);
+    return run(f, b, f->kvl, logits, NULL, err);
 }
+
+static td_status check_kv(td_forward *f, const td_kv_layer *kv, td_err *err);
 
 td_status td_forward_run_kv(td_forward *f, const td_batch *b, const td_kv_layer *kv, float *logits,
                             td_err *err) {
     if (!f || !b || !kv) return td_err_set(err, TD_ERR_INVALID, "forward: no forward, batch or KV cache");
+    td_status st = check_kv(f, kv, err);
+    return st ? st : run(f, b, kv, logits, NULL, err);
+}
+
+td_status td_forward_run_kv_hidden(td_forward *f, const td_batch *b, const td_kv_layer *kv, float *hidden,
+                                   td_err *err) {
+    if (!f || !b || !kv) return td_err_set(err, TD_ERR_INVALID, "forward: no forward, batch or KV cache");
+    td_status st = check_kv(f, kv, err);
+    return st ? st : run(f, b, kv, NULL, hidden, err);
+}
+
+// An external cache's layers: arrays, shapes and one shared block table.
+static td_status check_kv(td_forward *f, const td_kv_layer *kv, td_err *err) {
     for (int l = 0; l < f->c.n_layers; l++) {
         if (!kv[l].k || !kv[l].v || !kv[l].block_table || kv[l].block_size <= 0 || kv[l].kv_dim != f->kv_dim ||
             !td_kv_dtype_ok(kv[l].dtype) || kv[l].table_stride <= 0)
@@ -638,7 +656,7 @@ td_status td_forward_run_kv(td_forward *f, const td_batch *b, const td_kv_layer 
     if ((size_t)kv[0].table_stride > f->table_cap)
         return td_err_set(err, TD_ERR_INVALID, "forward: block table stride %d exceeds max_ctx %d", kv[0].table_stride,
                           f->p.max_ctx);
-    return run(f, b, kv, logits, err);
+    return TD_OK;
 }
 
 // Uploads the batch (token ids, positions, sequence ids; an external cache's block table rows for
@@ -657,14 +675,16 @@ static void upload_batch(td_forward *f, const td_batch *b, const td_kv_layer *kv
                          (size_t)n_seqs * (size_t)kvl[0].table_stride * sizeof(int32_t));
 }
 
-static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl_in, float *logits, td_err *err) {
+// Writes logits (hidden NULL) or, instead of running the head, the final-normed hidden rows.
+static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl_in, float *logits, float *hidden,
+                     td_err *err) {
     const bool own = kvl_in == f->kvl;
     if (!f->weights_ok)
         return td_err_set(err, TD_ERR_INVALID, "forward: weights incomplete after a failed update (replace them again)");
     int n_out = 0;
     td_status st = check_batch(f, b, own, &n_out, err);
     if (st) return st;
-    if (n_out > 0 && !logits) return td_err_set(err, TD_ERR_INVALID, "forward: logits buffer is NULL");
+    if (n_out > 0 && !logits && !hidden) return td_err_set(err, TD_ERR_INVALID, "forward: logits buffer is NULL");
     const int T = b->n_tokens;
     if (T == 0) return TD_OK;
 
@@ -727,6 +747,11 @@ static td_status run(td_forward *f, const td_batch *b, const td_kv_layer *kvl_in
     td_backend_set_async(be, f->sbuf, f->off_rows, f->rows_host, (size_t)n_out * sizeof(int32_t));
     td_backend_get_rows(be, f->x, f->d_rows, f->xn, n_out, dim);
     td_backend_rmsnorm(be, f->xn, f->out_norm, f->xn, n_out, dim, c->norm_eps);
+    if (hidden) {  // (n_out, dim): the final hidden states, the head's input
+        td_backend_get_async(be, f->sbuf, f->off_xn, hidden, (size_t)n_out * (size_t)dim * sizeof(float));
+        td_backend_synchronize(be);
+        return TD_OK;
+    }
     float *y = f->d_logits ? f->d_logits : logits;  // a host backend writes the caller's rows directly
     td_backend_matmul(be, &f->mw[c->n_layers * MW_N], NULL, f->xn, y, n_out);  // (n_out, vocab)
     if (f->d_logits)

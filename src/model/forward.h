@@ -85,6 +85,14 @@ td_status td_forward_run(td_forward *f, const td_batch *b, float *logits, td_err
 td_status td_forward_run_kv(td_forward *f, const td_batch *b, const td_kv_layer *kv, float *logits,
                             td_err *err);
 
+// The same as td_forward_run_kv, except that the head is not run: hidden[n_out, dim] (caller-owned,
+// host f32) receives, for the tokens whose want_logits is set (every token when NULL), in batch
+// order, the final hidden state: the residual stream after the last layer and the final RMSNorm
+// (model.norm), i.e. the LM head's input. Pooled embeddings are built from it (engine.h,
+// TD_ENG_CMD_EMBED). Allocates nothing. Not thread-safe.
+td_status td_forward_run_kv_hidden(td_forward *f, const td_batch *b, const td_kv_layer *kv, float *hidden,
+                                   td_err *err);
+
 // Forgets a sequence's cached keys and values (its length becomes 0). Out-of-range ids are ignored.
 void td_forward_seq_clear(td_forward *f, int seq_id);
 // Cached positions of a sequence (0 for an out-of-range id).

@@ -32,6 +32,7 @@ struct td_srv_metrics {
     uint64_t prompt_tokens, generation_tokens;
     uint64_t finished[4];  // by td_finish_reason
     uint64_t http_2xx, http_4xx, http_5xx;
+    uint64_t embed_requests, embed_inputs, embed_tokens;  // POST /v1/embeddings answered with 200
 };
 
 static void hist_init(hist *h, const double *le, int nb) {
@@ -64,6 +65,14 @@ void td_srv_metrics_free(td_srv_metrics *m) {
     if (!m) return;
     pthread_mutex_destroy(&m->mu);
     free(m);
+}
+
+void td_srv_metrics_embeddings(td_srv_metrics *m, int n_inputs, int prompt_tokens) {
+    pthread_mutex_lock(&m->mu);
+    m->embed_requests++;
+    m->embed_inputs += n_inputs > 0 ? (uint64_t)n_inputs : 0;
+    m->embed_tokens += prompt_tokens > 0 ? (uint64_t)prompt_tokens : 0;
+    pthread_mutex_unlock(&m->mu);
 }
 
 void td_srv_metrics_request(td_srv_metrics *m, int prompt_tokens, int generation_tokens, double ttft,
@@ -166,6 +175,12 @@ bool td_srv_metrics_render(td_srv_metrics *m, const char *model, const td_engine
     ok = ok && render_counter(b, "vllm:prompt_tokens_total", "Number of prefill tokens processed.", c.prompt_tokens, lab);
     ok = ok && render_counter(b, "vllm:generation_tokens_total", "Number of generation tokens processed.",
                               c.generation_tokens, lab);
+    ok = ok && render_counter(b, "tandem:embedding_requests_total", "Embeddings requests answered (200).",
+                              c.embed_requests, lab);
+    ok = ok && render_counter(b, "tandem:embedding_inputs_total", "Inputs embedded.", c.embed_inputs, lab);
+    ok = ok && render_counter(b, "tandem:embedding_prompt_tokens_total",
+                              "Tokens run through the forward for embeddings (not in vllm:prompt_tokens_total).",
+                              c.embed_tokens, lab);
     ok = ok && td_srv_buf_printf(b, "# HELP vllm:request_success_total Count of successfully processed requests.\n"
                                     "# TYPE vllm:request_success_total counter\n");
     for (int r = TD_FINISH_STOP; r <= TD_FINISH_ABORT; r++)

@@ -18,6 +18,8 @@ void td_srv_metrics_free(td_srv_metrics *m);
 // itl[n_itl]: each gap between consecutive output tokens. tpot: (last - first token) / (tokens - 1).
 void td_srv_metrics_request(td_srv_metrics *m, int prompt_tokens, int generation_tokens, double ttft,
                             double e2e, const double *itl, int n_itl, double tpot);
+// One embeddings request answered: its inputs and their tokens.
+void td_srv_metrics_embeddings(td_srv_metrics *m, int n_inputs, int prompt_tokens);
 void td_srv_metrics_finish(td_srv_metrics *m, td_finish_reason reason);
 void td_srv_metrics_http(td_srv_metrics *m, int status);  // one response sent with this status
 

@@ -154,51 +154,59 @@ static bool parse_ids(const cJSON *arr, const char *name, const td_api_limits *l
     return true;
 }
 
-static bool parse_prompt(const cJSON *body, const td_api_limits *lim, td_srv_arena *a, td_api_request *r,
-                         td_api_error *e) {
-    const cJSON *p = field(body, "prompt");
-    if (!p) return td_api_fail(e, 400, "prompt", "'prompt' is required");
+// "prompt" (completions) or "input" (embeddings): a string, an array of strings, an array of
+// token ids or an array of token-id arrays, at most max_items prompts.
+static bool parse_prompts(const cJSON *body, const char *name, int max_items, const td_api_limits *lim,
+                          td_srv_arena *a, td_api_prompt **out, int *n_out, td_api_error *e) {
+    const cJSON *p = field(body, name);
+    if (!p) return td_api_fail(e, 400, name, "'%s' is required", name);
     if (cJSON_IsString(p)) {
-        r->prompts = td_srv_arena_calloc(a, 1, sizeof *r->prompts);
-        if (!r->prompts) return td_api_fail(e, 500, NULL, "out of memory");
-        r->prompts[0].text = p->valuestring;
-        r->prompts[0].text_len = strlen(p->valuestring);
-        r->n_prompts = 1;
+        *out = td_srv_arena_calloc(a, 1, sizeof **out);
+        if (!*out) return td_api_fail(e, 500, NULL, "out of memory");
+        (*out)[0].text = p->valuestring;
+        (*out)[0].text_len = strlen(p->valuestring);
+        *n_out = 1;
         return true;
     }
     if (!cJSON_IsArray(p) || !p->child)
-        return td_api_fail(e, 400, "prompt", "'prompt' must be a string, an array of strings, an array of token ids "
-                                             "or an array of token-id arrays (non-empty)");
+        return td_api_fail(e, 400, name, "'%s' must be a string, an array of strings, an array of token ids "
+                                         "or an array of token-id arrays (non-empty)", name);
     if (cJSON_IsNumber(p->child)) {  // one token-array prompt
-        r->prompts = td_srv_arena_calloc(a, 1, sizeof *r->prompts);
-        if (!r->prompts) return td_api_fail(e, 500, NULL, "out of memory");
+        *out = td_srv_arena_calloc(a, 1, sizeof **out);
+        if (!*out) return td_api_fail(e, 500, NULL, "out of memory");
         int32_t *ids;
-        if (!parse_ids(p, "prompt", lim, a, &ids, &r->prompts[0].n_ids, e)) return false;
-        r->prompts[0].ids = ids;
-        r->n_prompts = 1;
+        if (!parse_ids(p, name, lim, a, &ids, &(*out)[0].n_ids, e)) return false;
+        (*out)[0].ids = ids;
+        *n_out = 1;
         return true;
     }
     int n = cJSON_GetArraySize(p);
-    if (n > lim->max_prompts) return td_api_fail(e, 400, "prompt", "'prompt' holds %d prompts (at most %d)", n, lim->max_prompts);
-    r->prompts = td_srv_arena_calloc(a, (size_t)n, sizeof *r->prompts);
-    if (!r->prompts) return td_api_fail(e, 500, NULL, "out of memory");
+    if (n > max_items) return td_api_fail(e, 400, name, "'%s' holds %d prompts (at most %d)", name, n, max_items);
+    td_api_prompt *ps = td_srv_arena_calloc(a, (size_t)n, sizeof *ps);
+    if (!ps) return td_api_fail(e, 500, NULL, "out of memory");
     bool strings = cJSON_IsString(p->child);
     int i = 0;
     for (const cJSON *it = p->child; it; it = it->next, i++) {
         if (strings && cJSON_IsString(it)) {
-            r->prompts[i].text = it->valuestring;
-            r->prompts[i].text_len = strlen(it->valuestring);
+            ps[i].text = it->valuestring;
+            ps[i].text_len = strlen(it->valuestring);
         } else if (!strings && cJSON_IsArray(it) && it->child) {
             int32_t *ids;
-            if (!parse_ids(it, "prompt", lim, a, &ids, &r->prompts[i].n_ids, e)) return false;
-            r->prompts[i].ids = ids;
+            if (!parse_ids(it, name, lim, a, &ids, &ps[i].n_ids, e)) return false;
+            ps[i].ids = ids;
         } else {
-            return td_api_fail(e, 400, "prompt", "'prompt' must not mix strings, token ids and token-id arrays "
-                                                 "(element %d), and token-id arrays must be non-empty", i);
+            return td_api_fail(e, 400, name, "'%s' must not mix strings, token ids and token-id arrays "
+                                             "(element %d), and token-id arrays must be non-empty", name, i);
         }
     }
-    r->n_prompts = n;
+    *out = ps;
+    *n_out = n;
     return true;
+}
+
+static bool parse_prompt(const cJSON *body, const td_api_limits *lim, td_srv_arena *a, td_api_request *r,
+                         td_api_error *e) {
+    return parse_prompts(body, "prompt", lim->max_prompts, lim, a, &r->prompts, &r->n_prompts, e);
 }
 
 static bool parse_messages(const cJSON *body, td_api_request *r, td_api_error *e) {
@@ -628,4 +636,70 @@ bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_l
         if (r->chat_logprobs) g->logprobs = given ? (int)v : 0;
     }
     return true;
+}
+
+// ---- embeddings -----------------------------------------------------------------------------------
+
+bool td_api_parse_embeddings(const char *body, size_t len, const td_api_limits *lim, const char *served_model,
+                             td_srv_arena *a, td_api_embed_request *r, td_api_error *e) {
+    memset(r, 0, sizeof *r);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root) {
+        if (!td_api_check_nul(body, len, e)) return false;
+        return td_api_fail(e, 400, NULL, "the request body is not valid JSON");
+    }
+    if (!td_srv_arena_cleanup(a, delete_json, root)) {
+        cJSON_Delete(root);
+        return td_api_fail(e, 500, NULL, "out of memory");
+    }
+    for (const char *p = end; p && p < body + len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n' && *p != 0)
+            return td_api_fail(e, 400, NULL, "the request body is not valid JSON (trailing data)");
+    if (!cJSON_IsObject(root)) return td_api_fail(e, 400, NULL, "the request body must be a JSON object");
+    if (!td_api_check_nul(body, len, e)) return false;
+    const cJSON *model = field(root, "model");
+    if (model) {
+        if (!cJSON_IsString(model)) return td_api_fail(e, 400, "model", "'model' must be a string");
+        r->model = model->valuestring;
+        if (served_model && !td_api_model_known(lim, served_model, model->valuestring))
+            return td_api_fail(e, 404, "model", "The model `%.200s` does not exist.", model->valuestring);
+    }
+    if (!parse_prompts(root, "input", TD_API_MAX_EMBED_INPUTS, lim, a, &r->inputs, &r->n_inputs, e)) return false;
+    for (int i = 0; i < r->n_inputs; i++)
+        if (r->inputs[i].text && r->inputs[i].text_len == 0)
+            return td_api_fail(e, 400, "input", "'input' must not hold an empty string (element %d)", i);
+    const cJSON *fmt = field(root, "encoding_format");
+    if (fmt) {
+        if (!cJSON_IsString(fmt) || (strcmp(fmt->valuestring, "float") && strcmp(fmt->valuestring, "base64")))
+            return td_api_fail(e, 400, "encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
+        r->base64 = !strcmp(fmt->valuestring, "base64");
+    }
+    long v;
+    bool given;
+    if (!get_int(root, "dimensions", 1, 1 << 20, &v, &given, e)) return false;
+    r->dimensions = given ? (int)v : 0;
+    r->add_special_tokens = true;
+    if (!get_bool(root, "add_special_tokens", &r->add_special_tokens, e)) return false;
+    const cJSON *user = field(root, "user");  // accepted and ignored, as vLLM
+    if (user && !cJSON_IsString(user)) return td_api_fail(e, 400, "user", "'user' must be a string");
+    return true;
+}
+
+// RFC 4648 base64 of n bytes into out (4 * ((n + 2) / 3) bytes, then a NUL).
+void td_api_base64(const void *src, size_t n, char *out) {
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const unsigned char *p = src;
+    size_t o = 0, i = 0;
+    for (; i + 2 < n; i += 3) {
+        const unsigned v = (unsigned)p[i] << 16 | (unsigned)p[i + 1] << 8 | p[i + 2];
+        out[o++] = tab[v >> 18], out[o++] = tab[(v >> 12) & 63], out[o++] = tab[(v >> 6) & 63], out[o++] = tab[v & 63];
+    }
+    if (i < n) {
+        const unsigned v = (unsigned)p[i] << 16 | (i + 1 < n ? (unsigned)p[i + 1] << 8 : 0);
+        out[o++] = tab[v >> 18], out[o++] = tab[(v >> 12) & 63];
+        out[o++] = i + 1 < n ? tab[(v >> 6) & 63] : '=';
+        out[o++] = '=';
+    }
+    out[o] = 0;
 }

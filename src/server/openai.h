@@ -71,6 +71,25 @@ typedef struct td_api_request {
 bool td_api_parse(td_api_kind kind, const char *body, size_t len, const td_api_limits *lim,
                   const char *served_model, td_srv_arena *a, td_api_request *out, td_api_error *e);
 
+#define TD_API_MAX_EMBED_INPUTS 2048  // inputs in one embeddings request (OpenAI's limit)
+
+// POST /v1/embeddings, validated (docs/server.md "Embeddings").
+typedef struct td_api_embed_request {
+    const char *model;        // NULL when not given
+    td_api_prompt *inputs;    // [n_inputs] "input": strings or token-id arrays (arena); no empty string
+    int n_inputs;
+    bool base64;              // "encoding_format": "base64" (little-endian float32 bytes), else "float"
+    int dimensions;           // "dimensions"; 0 when not given (the server checks it against the model)
+    bool add_special_tokens;  // vLLM extension; default true (a BOS as completions prompts get)
+} td_api_embed_request;
+
+// Parses an embeddings body as td_api_parse does (same errors for JSON, NULs and "model"); "input"
+// is required, "user" accepted and ignored, other fields ignored.
+bool td_api_parse_embeddings(const char *body, size_t len, const td_api_limits *lim, const char *served_model,
+                             td_srv_arena *a, td_api_embed_request *out, td_api_error *e);
+// RFC 4648 base64 of n bytes into out, which holds 4 * ((n + 2) / 3) + 1 bytes (NUL-terminated).
+void td_api_base64(const void *src, size_t n, char *out);
+
 // Whether a request's "model" names this server: served_model or one of lim's aliases.
 bool td_api_model_known(const td_api_limits *lim, const char *served_model, const char *name);
 // Refuses a body whose strings hold a NUL character (a \u0000 escape or a raw NUL byte): cJSON's

@@ -57,6 +57,7 @@ int td_server_stop(td_server *s, int grace_ms) { return 0; }
 typedef enum {
     R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_COMPLETIONS, R_CHAT,
     R_W_INFO, R_W_TENSORS, R_W_BEGIN, R_W_BUCKET, R_W_COMMIT, R_W_ABORT,  // weight sync
+    R_EMBEDDINGS,
 } route;
 
 typedef enum { EV_TOKEN = 1, EV_FINISH, EV_DONE } ev_kind;
@@ -149,6 +150,12 @@ typedef struct srv_req {
     bool commit_done;      // under mu: its answer is in commit_answer / commit_err
     cJSON *commit_answer;
     td_api_error commit_err;
+    bool embed_started;    // R_EMBEDDINGS: submitted to the engine (holds a reference until its on_done)
+    bool embed_done;       // under mu: on_done came; embed_st / embed_msg say how it went
+    td_status embed_st;
+    char embed_msg[256];
+    td_api_embed_request emb;  // the parsed body
+    float *emb_out;        // [emb.n_inputs, info.embed_dim] (arena), written by the engine
     int usage_prompt, usage_completion, usage_cached;
     int status;            // HTTP status of the response queued (for the request log line)
     char method[8];
@@ -933,7 +940,7 @@ static route match_route(const char *url, const char *method, bool *method_ok) {
     } table[] = {{"/health", "GET", R_HEALTH},           {"/v1/models", "GET", R_MODELS},
                  {"/metrics", "GET", R_METRICS},         {"/tokenize", "POST", R_TOKENIZE},
                  {"/detokenize", "POST", R_DETOKENIZE},  {"/v1/completions", "POST", R_COMPLETIONS},
-                 {"/v1/chat/completions", "POST", R_CHAT},
+                 {"/v1/chat/completions", "POST", R_CHAT}, {"/v1/embeddings", "POST", R_EMBEDDINGS},
                  {"/v1/weights", "GET", R_W_INFO},       {"/v1/weights/tensors", "GET", R_W_TENSORS},
                  {"/v1/weights/begin", "POST", R_W_BEGIN}, {"/v1/weights/bucket", "POST", R_W_BUCKET},
                  {"/v1/weights/commit", "POST", R_W_COMMIT}, {"/v1/weights/abort", "POST", R_W_ABORT}};
@@ -1332,6 +1339,8 @@ static enum MHD_Result send_preflight(srv_req *r, struct MHD_Connection *c, bool
 static bool is_weight_route(route rt) { return rt >= R_W_INFO && rt <= R_W_ABORT; }
 
 static enum MHD_Result generate_resume(srv_req *r, struct MHD_Connection *c);
+static enum MHD_Result embed_resume(srv_req *r, struct MHD_Connection *c);
+static enum MHD_Result route_embeddings(srv_req *r, struct MHD_Connection *c);
 
 // Validates, tokenizes, checks the context and submits. Returns MHD_YES after queueing an error, or
 // with the connection suspended (non-streaming) or a stream response queued.
@@ -1526,6 +1535,176 @@ static enum MHD_Result generate_resume(srv_req *r, struct MHD_Connection *c) {
     return MHD_YES;
 }
 
+// ---- embeddings (docs/server.md "Embeddings") ---------------------------------------------------------
+
+// Engine thread: the embeddings are in r->emb_out (or the request failed); wake the connection.
+static void embed_sink_done(void *ctx, td_status st, const char *msg) {
+    srv_req *r = ctx;
+    td_server *s = r->srv;
+    pthread_mutex_lock(&r->mu);
+    r->embed_done = true;
+    r->embed_st = st;
+    snprintf(r->embed_msg, sizeof r->embed_msg, "%s", msg ? msg : "");
+    if (r->suspended && !r->client_gone) {
+        r->suspended = false;
+        MHD_resume_connection(r->conn);
+    }
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&s->mu);
+    s->n_live--;
+    pthread_mutex_unlock(&s->mu);
+    req_unref(r);
+}
+
+// The OpenAI response: a list of embedding objects in input order, as float arrays or base64 of
+// their little-endian float32 bytes.
+static enum MHD_Result embed_answer(srv_req *r, struct MHD_Connection *c) {
+    td_server *s = r->srv;
+    const int D = s->info.embed_dim;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", r->id);  // id and created as vLLM's answer has them
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON_AddNumberToObject(o, "created", (double)r->created);
+    cJSON *data = cJSON_AddArrayToObject(o, "data");
+    char *b64 = r->emb.base64 ? td_srv_arena_alloc(r->arena, 4 * (((size_t)D * 4 + 2) / 3) + 1) : NULL;
+    unsigned char *le = r->emb.base64 ? td_srv_arena_alloc(r->arena, (size_t)D * 4) : NULL;
+    if (!o || !data || (r->emb.base64 && (!b64 || !le))) {
+        cJSON_Delete(o);
+        return send_err(r, c, 500, NULL, "out of memory");
+    }
+    for (int i = 0; i < r->emb.n_inputs; i++) {
+        const float *v = r->emb_out + (size_t)i * D;
+        cJSON *it = cJSON_CreateObject();
+        cJSON_AddStringToObject(it, "object", "embedding");
+        cJSON_AddNumberToObject(it, "index", i);
+        if (r->emb.base64) {
+            for (int d = 0; d < D; d++) {  // little-endian whatever the host
+                uint32_t u;
+                memcpy(&u, &v[d], 4);
+                for (int k = 0; k < 4; k++) le[(size_t)d * 4 + (size_t)k] = (unsigned char)(u >> (8 * k));
+            }
+            td_api_base64(le, (size_t)D * 4, b64);
+            cJSON_AddStringToObject(it, "embedding", b64);
+        } else {
+            cJSON *arr = cJSON_AddArrayToObject(it, "embedding");
+            for (int d = 0; d < D; d++) cJSON_AddItemToArray(arr, cJSON_CreateNumber((double)v[d]));
+        }
+        cJSON_AddItemToArray(data, it);
+    }
+    cJSON_AddStringToObject(o, "model", r->emb.model ? r->emb.model : s->info.model_name);
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", r->usage_prompt);
+    cJSON_AddNumberToObject(u, "total_tokens", r->usage_prompt);
+    td_srv_metrics_embeddings(s->metrics, r->emb.n_inputs, r->usage_prompt);
+    return send_json(r, c, 200, o);
+}
+
+// Re-entry after the engine's on_done (or a spurious wake, or shutdown).
+static enum MHD_Result embed_resume(srv_req *r, struct MHD_Connection *c) {
+    pthread_mutex_lock(&r->mu);
+    bool done = r->embed_done;
+    td_status st = r->embed_st;
+    if (!done && !atomic_load(&r->srv->closing)) {
+        r->suspended = true;
+        MHD_suspend_connection(c);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!done) return atomic_load(&r->srv->closing) ? send_err(r, c, 503, NULL, "the server is shutting down") : MHD_YES;
+    if (st != TD_OK)
+        return send_err(r, c, st == TD_ERR_LIMIT ? 503 : st == TD_ERR_INVALID ? 400 : 500, NULL, r->embed_msg);
+    return embed_answer(r, c);
+}
+
+// Validates and tokenizes every input, checks it against the context, and hands the batch to the
+// engine's embed method; the connection waits suspended for its on_done.
+static enum MHD_Result route_embeddings(srv_req *r, struct MHD_Connection *c) {
+    td_server *s = r->srv;
+    td_api_error e;
+    if (!s->eng.vt->embed || s->info.embed_dim <= 0)
+        return send_err(r, c, 400, NULL, "this model does not serve embeddings (the engine has no embedding support)");
+    td_api_limits lim = s->p.limits;
+    lim.max_model_len = s->info.max_model_len;
+    lim.vocab_size = s->info.vocab_size;
+    td_api_embed_request *q = &r->emb;
+    if (!td_api_parse_embeddings(r->body.p ? r->body.p : "", r->body.len, &lim, s->info.model_name, r->arena, q, &e))
+        return send_error(r, c, &e);
+    const int D = s->info.embed_dim;
+    if (q->dimensions && q->dimensions != D) {
+        td_api_fail(&e, 400, "dimensions",
+                    "'dimensions' must equal the model's hidden size %d (got %d): this model was not trained for "
+                    "truncated (Matryoshka) embeddings", D, q->dimensions);
+        return send_error(r, c, &e);
+    }
+    const int n = q->n_inputs;
+    int *offs = td_srv_arena_alloc(r->arena, sizeof(int) * (size_t)(n + 1));
+    int32_t **ids = td_srv_arena_alloc(r->arena, sizeof *ids * (size_t)n);
+    int *lens = td_srv_arena_alloc(r->arena, sizeof(int) * (size_t)n);
+    if (!offs || !ids || !lens) return send_err(r, c, 500, NULL, "out of memory");
+    long total = 0;
+    for (int i = 0; i < n; i++) {
+        const td_api_prompt *p = &q->inputs[i];
+        if (p->ids) {
+            ids[i] = (int32_t *)p->ids;
+            lens[i] = p->n_ids;
+        } else {
+            lens[i] = tokenize_into(r, p->text, p->text_len, q->add_special_tokens, &ids[i], &e);
+            if (lens[i] < 0) {
+                snprintf(e.param, sizeof e.param, "input");
+                return send_error(r, c, &e);
+            }
+            if (!r->log_text) r->log_text = p->text, r->log_text_len = p->text_len;
+        }
+        if (lens[i] == 0) return send_err(r, c, 400, "input", "an input has no tokens");
+        if (lens[i] > s->info.max_model_len) {
+            td_api_fail(&e, 400, "input",
+                        "This model's maximum context length is %d tokens. However, input %d has %d tokens. Please "
+                        "reduce the length of the input.", s->info.max_model_len, i, lens[i]);
+            return send_error(r, c, &e);
+        }
+        total += lens[i];
+        if (total > (long)INT32_MAX / 2) return send_err(r, c, 400, "input", "the inputs hold too many tokens");
+    }
+    int32_t *toks = td_srv_arena_alloc(r->arena, sizeof(int32_t) * (size_t)(total ? total : 1));
+    r->emb_out = td_srv_arena_alloc(r->arena, sizeof(float) * (size_t)n * (size_t)D);
+    if (!toks || !r->emb_out) return send_err(r, c, 500, NULL, "out of memory");
+    offs[0] = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(toks + offs[i], ids[i], sizeof(int32_t) * (size_t)lens[i]);
+        offs[i + 1] = offs[i] + lens[i];
+    }
+    r->usage_prompt = (int)total;
+    uint64_t id = atomic_fetch_add(&s->next_id, 1);
+    snprintf(r->id, sizeof r->id, "embd-%016llx", (unsigned long long)id);
+    r->created = (int64_t)time(NULL);
+    td_embed_request er = {.tokens = toks, .offsets = offs, .n_inputs = n, .out = r->emb_out};
+    td_embed_sink sink = {.ctx = r, .on_done = embed_sink_done};
+    pthread_mutex_lock(&r->mu);
+    r->refs++;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&s->mu);
+    s->n_live++;
+    pthread_mutex_unlock(&s->mu);
+    td_err err = {0};
+    td_status st = s->eng.vt->embed(s->eng.ctx, &er, &sink, &err);
+    if (st != TD_OK) {
+        pthread_mutex_lock(&r->mu);
+        r->refs--;
+        pthread_mutex_unlock(&r->mu);
+        pthread_mutex_lock(&s->mu);
+        s->n_live--;
+        pthread_mutex_unlock(&s->mu);
+        return send_err(r, c, st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED ? 400 : st == TD_ERR_LIMIT ? 503 : 500,
+                        NULL, err.msg[0] ? err.msg : "the engine refused the request");
+    }
+    r->embed_started = true;
+    pthread_mutex_lock(&s->mu);  // on the live list: a closed peer and shutdown find it
+    r->next = s->live;
+    if (s->live) s->live->prev = r;
+    s->live = r;
+    pthread_mutex_unlock(&s->mu);
+    return embed_resume(r, c);
+}
+
 // ---- MHD callbacks --------------------------------------------------------------------------------
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -1598,6 +1777,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (r->body_too_large) return send_err(r, c, 413, NULL, "the request body is larger than the limit");
     if (r->n_subs) return generate_resume(r, c);  // woken up after submit
     if (r->commit_started) return commit_resume(r, c);
+    if (r->embed_started) return embed_resume(r, c);
     if (is_weight_route(r->rt)) return route_weights(r, c);
     switch (r->rt) {
     case R_HEALTH: return send_body(r, c, 200, "application/json", "", 0);
@@ -1608,6 +1788,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_DETOKENIZE: return route_detokenize(r, c);
     case R_COMPLETIONS:
     case R_CHAT: return route_generate(r, c);
+    case R_EMBEDDINGS: return route_embeddings(r, c);
     default: return send_err(r, c, 404, NULL, "Not Found");
     }
 }

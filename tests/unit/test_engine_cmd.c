@@ -5,7 +5,9 @@
 // (requests end with its message, a good update restores service), an engine without updatable
 // weights; KV import (IMPORT_BEGIN, K/V computed by td_forward_run_kv written into the pool's
 // buffer, TRANSFER_DONE) taken as prefix-cache hits, failed / expired / stale / unknown imports
-// and no room; DRAIN / RESUME, REPORT_STATE, a command timeout, commands from a sink callback.
+// and no room; DRAIN / RESUME, REPORT_STATE, a command timeout, commands from a sink callback;
+// EMBED (normalised, a batch equal to its inputs alone, validation, no room, the detached form,
+// interleaved with a running request that it leaves unchanged).
 // Model B is the llama2 reference model with every weight perturbed deterministically, exported
 // with td_export_hf to a temporary directory. Every wait is bounded.
 // Needs: /usr/bin/python3 tests/reference/make_models.py (writes .cache/ref).
@@ -856,6 +858,168 @@ static void rm_dir(const char *dir) {
     rmdir(dir);
 }
 
+// ---- EMBED
+
+static td_status embed(td_eng *e, const int32_t *tokens, const int *offs, int n, float *out, td_err *err) {
+    err->msg[0] = 0;
+    td_eng_cmd c = {.type = TD_ENG_CMD_EMBED};
+    c.embed.tokens = tokens, c.embed.offsets = offs, c.embed.n_inputs = n, c.embed.out = out;
+    td_status st = td_eng_command(e, &c, WAIT_MS, err);
+    if (st == TD_OK) CHECK(c.embed.dim == g_A->cfg.dim && c.embed.n_tokens == offs[n], "EMBED dim %d, tokens %d", c.embed.dim, c.embed.n_tokens);
+    return st;
+}
+
+typedef struct emb_wait {
+    bool done;
+    td_status st;
+} emb_wait;
+
+static void emb_done(void *ctx, td_status st, const char *msg) {
+    emb_wait *w = ctx;
+    pthread_mutex_lock(&g_mu);
+    w->st = st;
+    w->done = true;
+    pthread_cond_broadcast(&g_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+// EMBED through the command queue: shapes, L2 norm, a batch equal to its inputs alone, validation,
+// no room while an import holds the pool (TD_ERR_LIMIT, nothing leaked), the detached form.
+static void test_embed(void) {
+    td_eng *e = mk_eng(g_A, false, 8);  // 8 blocks of 16: max_model_len 128
+    if (!e) return;
+    const int D = g_A->cfg.dim;
+    int32_t toks[260];
+    for (int i = 0; i < 260; i++) toks[i] = (int32_t)(3 + (i * 37) % 300);
+    const int offs[3] = {0, 40, 140};  // 40 and 100 tokens
+    float *both = calloc((size_t)2 * D, sizeof(float)), *one = calloc((size_t)D, sizeof(float));
+    td_err err = {0};
+    CHECK(embed(e, toks, offs, 2, both, &err) == TD_OK, "EMBED of two inputs: %s", err.msg);
+    double n0 = 0, n1 = 0;
+    for (int d = 0; d < D; d++) n0 += (double)both[d] * both[d], n1 += (double)both[D + d] * both[D + d];
+    CHECK(fabs(n0 - 1) < 1e-5 && fabs(n1 - 1) < 1e-5, "L2-normalised (%g, %g)", n0, n1);
+    const int o1[2] = {0, 100};
+    CHECK(embed(e, toks + 40, o1, 1, one, &err) == TD_OK, "EMBED alone: %s", err.msg);
+    float md = 0;
+    for (int d = 0; d < D; d++) md = fmaxf(md, fabsf(one[d] - both[D + d]));
+    CHECK(md <= 1e-6f, "an input in a batch == alone (max diff %g)", md);
+    float *alone = malloc(sizeof(float) * (size_t)D);
+    memcpy(alone, one, sizeof(float) * (size_t)D);
+    td_eng_state s = report(e);
+    CHECK(s.n_blocks_used == 0, "no block used after EMBED (%d)", s.n_blocks_used);
+
+    // Validation before anything is queued.
+    const int bad0[1] = {0}, bad_long[2] = {0, 129}, bad_empty[3] = {0, 5, 5}, bad_start[2] = {1, 5};
+    CHECK(embed(e, toks, bad0, 0, one, &err) == TD_ERR_INVALID, "no inputs -> INVALID");
+    CHECK(embed(e, toks, bad_long, 1, one, &err) == TD_ERR_INVALID && strstr(err.msg, "max_model_len"),
+          "129 tokens -> INVALID: %s", err.msg);
+    CHECK(embed(e, toks, bad_empty, 2, one, &err) == TD_ERR_INVALID, "an empty input -> INVALID: %s", err.msg);
+    CHECK(embed(e, toks, bad_start, 1, one, &err) == TD_ERR_INVALID, "offsets not from 0 -> INVALID: %s", err.msg);
+    int32_t oov[2] = {5, g_A->cfg.vocab_size};
+    const int o2[2] = {0, 2};
+    CHECK(embed(e, oov, o2, 1, one, &err) == TD_ERR_INVALID && strstr(err.msg, "vocabulary"), "OOV -> INVALID: %s",
+          err.msg);
+
+    // An import holds 6 of the 8 blocks: an input needing 3 is refused (LIMIT), one needing 2 runs.
+    td_eng_cmd c;
+    int32_t blocks[8];
+    size_t offsets[8 * 64];
+    td_status st = import_begin(e, toks, 96, 0, 10000, &c, blocks, offsets, &err);
+    CHECK(st == TD_OK && c.import.n_blocks == 6, "import holds 6 blocks: %s", err.msg);
+    const int o40[2] = {0, 40}, o20[2] = {0, 20};
+    CHECK(embed(e, toks, o40, 1, one, &err) == TD_ERR_LIMIT && strstr(err.msg, "no room"), "no room -> LIMIT: %s",
+          err.msg);
+    CHECK(embed(e, toks, o20, 1, one, &err) == TD_OK, "2 blocks fit: %s", err.msg);
+    s = report(e);
+    CHECK(s.n_blocks_used == 6 && s.n_import_blocks == 6, "only the import's blocks are used (%d)", s.n_blocks_used);
+    if (st == TD_OK) CHECK(transfer_done(e, c.import.import_id, TD_ERR_IO, NULL, &err) == TD_OK, "import dropped: %s", err.msg);
+
+    // The detached form: the result lands in the caller's array, then on_done.
+    float *det = calloc((size_t)D, sizeof(float));
+    emb_wait w = {0};
+    td_embed_request q = {.tokens = toks + 40, .offsets = o1, .n_inputs = 1, .out = det};
+    td_embed_sink sink = {.ctx = &w, .on_done = emb_done};
+    CHECK(td_eng_embed(e, &q, &sink, &err) == TD_OK, "td_eng_embed: %s", err.msg);
+    pthread_mutex_lock(&g_mu);
+    for (int64_t t0 = now_ms(); !w.done && now_ms() - t0 < WAIT_MS;) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&g_cv, &g_mu, &ts);
+    }
+    pthread_mutex_unlock(&g_mu);
+    CHECK(w.done && w.st == TD_OK && !memcmp(det, alone, sizeof(float) * (size_t)D), "detached EMBED == waited (%d)",
+          w.st);
+    td_embed_request bad = {.tokens = toks, .offsets = bad_long, .n_inputs = 1, .out = det};
+    CHECK(td_eng_embed(e, &bad, &sink, &err) == TD_ERR_INVALID, "detached: refused at submit, no callback");
+    free(det), free(both), free(one), free(alone);
+    free_eng(e);
+
+    // A large EMBED runs one forward after each generation step: a running greedy request keeps
+    // emitting tokens meanwhile (run to completion it would advance by at most one), and its
+    // tokens and logprobs equal those of the same request alone.
+    e = mk_eng(g_A, false, 256);
+    if (!e) return;
+    res *solo = run1(e, P1, 40, 200);
+    res *r = calloc(1, sizeof *r);
+    td_gen_request g = greq(P1, 40, 200);
+    int k0 = -1, k1 = -1;
+    if (submit(e, &g, r)) {
+        pthread_mutex_lock(&g_mu);
+        for (int64_t t0 = now_ms(); r->ntok < 2 && !r->done && now_ms() - t0 < WAIT_MS;) {
+            pthread_mutex_unlock(&g_mu);
+            usleep(500);
+            pthread_mutex_lock(&g_mu);
+        }
+        k0 = r->ntok;
+        pthread_mutex_unlock(&g_mu);
+        enum { NB = 64, LEN = 100 };
+        int32_t *big = malloc(sizeof(int32_t) * NB * LEN);
+        int *bo = malloc(sizeof(int) * (NB + 1));
+        float *bv = malloc(sizeof(float) * NB * (size_t)D);
+        for (int i = 0; i < NB * LEN; i++) big[i] = (int32_t)(3 + (i * 131) % 300);
+        for (int i = 0; i <= NB; i++) bo[i] = i * LEN;
+        CHECK(embed(e, big, bo, NB, bv, &err) == TD_OK, "EMBED of 64 x 100 tokens: %s", err.msg);
+        pthread_mutex_lock(&g_mu);
+        k1 = r->ntok;
+        pthread_mutex_unlock(&g_mu);
+        free(big), free(bo), free(bv);
+        wait_done(r);
+    }
+    CHECK(k0 >= 2 && k1 - k0 >= 8, "generation advanced during the EMBED (%d -> %d tokens)", k0, k1);
+    CHECK(r->done && r->st == TD_OK && same_res(r, solo), "tokens and logprobs with an EMBED running == alone");
+    free(solo), free(r);
+    free_eng(e);
+
+    // A SET_WEIGHTS applied while an EMBED runs ends it (LIMIT, its blocks released): its
+    // hidden states would mix two weights.
+    e = mk_eng(g_A, true, 256);
+    if (!e) return;
+    enum { NB2 = 64, LEN2 = 100 };
+    int32_t *big = malloc(sizeof(int32_t) * NB2 * LEN2);
+    int *bo = malloc(sizeof(int) * (NB2 + 1));
+    float *bv = malloc(sizeof(float) * NB2 * (size_t)D);
+    for (int i = 0; i < NB2 * LEN2; i++) big[i] = (int32_t)(3 + (i * 131) % 300);
+    for (int i = 0; i <= NB2; i++) bo[i] = i * LEN2;
+    emb_wait w2 = {0};
+    td_embed_request q2 = {.tokens = big, .offsets = bo, .n_inputs = NB2, .out = bv};
+    td_embed_sink sink2 = {.ctx = &w2, .on_done = emb_done};
+    CHECK(td_eng_embed(e, &q2, &sink2, &err) == TD_OK, "td_eng_embed: %s", err.msg);
+    uint64_t ver = 0;
+    CHECK(set_weights(e, perturbed_get, g_A, &ver, &err) == TD_OK, "SET_WEIGHTS: %s", err.msg);
+    pthread_mutex_lock(&g_mu);
+    for (int64_t t0 = now_ms(); !w2.done && now_ms() - t0 < WAIT_MS;) {
+        pthread_mutex_unlock(&g_mu);
+        usleep(1000);
+        pthread_mutex_lock(&g_mu);
+    }
+    pthread_mutex_unlock(&g_mu);
+    CHECK(w2.done && w2.st == TD_ERR_LIMIT, "an EMBED running across SET_WEIGHTS ends with LIMIT (%d)", w2.st);
+    free(big), free(bo), free(bv);
+    free_eng(e);
+}
+
 int main(void) {
     setenv("TANDEM_LOG", "warn", 0);
     char path[512];
@@ -881,6 +1045,7 @@ int main(void) {
         test_failed_update();
         test_import();
         test_drain();
+        test_embed();
     }
     td_model_free(g_B);
     rm_dir(dir);
