@@ -922,6 +922,10 @@ static uint64_t level_canon(level *L, level *tmp) {
 // ---------------------------------------------------------------------------------------------
 // Vocabulary
 
+typedef struct gmemo gmemo;
+static gmemo *memo_new(void);
+static void memo_free(gmemo *mm);
+
 struct td_gvocab {
     int n;          // token ids
     int n_sorted;   // ids that can ever be allowed by bytes
@@ -936,6 +940,9 @@ struct td_gvocab {
     int max_len;    // bytes of the longest token
     level *lv;      // [n_lv] walk scratch (max_len + 1, at least 2); used by one thread at a time
     uint8_t *pop;   // [n_lv] walk scratch of the position tables
+    const level **lp;  // [n_lv] the walk's current levels (scratch lv[d] or a memo's state)
+    int32_t *ls;       // [n_lv] their memo ids (-1: not interned)
+    gmemo *mm;         // transitions seen in the current walk, or NULL (out of memory)
     int n_lv;
 };
 
@@ -987,7 +994,10 @@ static td_gvocab *vocab_finish(td_gvocab *v, const bool *never, const int32_t *e
     v->n_lv = v->max_len + 1 < 2 ? 2 : v->max_len + 1;
     v->lv = calloc((size_t)v->n_lv, sizeof *v->lv);
     v->pop = calloc((size_t)v->n_lv, 1);
-    if (!v->lv || !v->pop) goto nomem;
+    v->lp = calloc((size_t)v->n_lv, sizeof *v->lp);
+    v->ls = calloc((size_t)v->n_lv, sizeof *v->ls);
+    v->mm = memo_new();  // optional: without it walks step every byte
+    if (!v->lv || !v->pop || !v->lp || !v->ls) goto nomem;
     for (int i = 0; i < v->n_lv; i++)
         if (!level_init(&v->lv[i])) goto nomem;
     return v;
@@ -1065,7 +1075,8 @@ void td_gvocab_free(td_gvocab *v) {
     if (!v) return;
     if (v->lv)
         for (int i = 0; i < v->n_lv; i++) level_free(&v->lv[i]);
-    free(v->lv), free(v->pop), free(v->order), free(v->lcp), free(v->nsv), free(v->off), free(v->len), free(v->blob);
+    memo_free(v->mm);
+    free(v->lv), free(v->pop), free(v->lp), free(v->ls), free(v->order), free(v->lcp), free(v->nsv), free(v->off), free(v->len), free(v->blob);
     free(v);
 }
 
@@ -1170,13 +1181,138 @@ static inline int skip_prefix(const td_gvocab *v, int k, int r) {
     return nk;
 }
 
+// ---- A walk's transition memo: within one walk the same states recur at many token prefixes
+// (inside a string, every string character leads to the same next state), so each distinct state
+// gets an id and (state, byte) -> state is remembered; a hit replaces level_step (expansion and
+// deduplication) by a lookup. States are compared in full, so a hit is exact. Reset per walk by a
+// generation count; when full it stops remembering and the walk steps as without it.
+#define MM_STATES 4096
+#define MM_WORDS (1 << 20)  // frames and offsets of all states (4 MB)
+#define MM_TRANS (1 << 16)  // transition slots (power of 2)
+#define MM_INTERN (1 << 13) // intern slots (power of 2), > 2 * MM_STATES
+
+struct gmemo {
+    uint32_t gen;
+    level st[MM_STATES];
+    uint64_t st_h[MM_STATES];
+    int n_st, n_words, n_trans;
+    uint32_t *arena;     // [MM_WORDS]
+    uint64_t *tkey;      // [MM_TRANS] id << 8 | byte
+    int32_t *tval;       // [MM_TRANS] next id, or -1: the byte is rejected
+    uint32_t *tgen;      // [MM_TRANS]
+    int32_t *iid;        // [MM_INTERN] state ids by hash
+    uint32_t *igen;      // [MM_INTERN]
+};
+
+static gmemo *memo_new(void) {
+    gmemo *mm = calloc(1, sizeof *mm);
+    if (!mm) return NULL;
+    mm->arena = malloc(MM_WORDS * sizeof *mm->arena);
+    mm->tkey = malloc(MM_TRANS * sizeof *mm->tkey);
+    mm->tval = malloc(MM_TRANS * sizeof *mm->tval);
+    mm->tgen = calloc(MM_TRANS, sizeof *mm->tgen);
+    mm->iid = malloc(MM_INTERN * sizeof *mm->iid);
+    mm->igen = calloc(MM_INTERN, sizeof *mm->igen);
+    if (!mm->arena || !mm->tkey || !mm->tval || !mm->tgen || !mm->iid || !mm->igen) {
+        free(mm->arena), free(mm->tkey), free(mm->tval), free(mm->tgen), free(mm->iid), free(mm->igen), free(mm);
+        return NULL;
+    }
+    return mm;
+}
+
+static void memo_free(gmemo *mm) {
+    if (!mm) return;
+    free(mm->arena), free(mm->tkey), free(mm->tval), free(mm->tgen), free(mm->iid), free(mm->igen), free(mm);
+}
+
+static void memo_begin(gmemo *mm) {
+    if (!mm) return;
+    mm->n_st = mm->n_words = mm->n_trans = 0;
+    if (++mm->gen == 0) {  // wrapped: clear the slots once
+        memset(mm->tgen, 0, MM_TRANS * sizeof *mm->tgen);
+        memset(mm->igen, 0, MM_INTERN * sizeof *mm->igen);
+        mm->gen = 1;
+    }
+}
+
+static uint64_t level_hash(const level *L) {
+    return hash_words(L->w, L->nw) ^ (hash_words(L->off, L->n + 1) * 0x9E3779B97F4A7C15ull) ^ (uint64_t)L->overflow;
+}
+
+// The id of a state equal to L, interning a copy; -1 when the memo is full.
+static int memo_intern(gmemo *mm, const level *L) {
+    uint64_t h = level_hash(L);
+    uint32_t j = (uint32_t)h & (MM_INTERN - 1);
+    for (; mm->igen[j] == mm->gen; j = (j + 1) & (MM_INTERN - 1)) {
+        const level *S = &mm->st[mm->iid[j]];
+        if (mm->st_h[mm->iid[j]] == h && S->n == L->n && S->nw == L->nw && S->overflow == L->overflow &&
+            !memcmp(S->off, L->off, (size_t)(L->n + 1) * 4) && !memcmp(S->w, L->w, (size_t)L->nw * 4))
+            return mm->iid[j];
+    }
+    int need = L->nw + L->n + 1;
+    if (mm->n_st == MM_STATES || mm->n_words + need > MM_WORDS) return -1;
+    int id = mm->n_st++;
+    level *S = &mm->st[id];
+    S->w = mm->arena + mm->n_words;
+    S->off = S->w + L->nw;
+    S->h = NULL;  // not read by level_step or level_complete
+    S->n = L->n, S->nw = L->nw, S->overflow = L->overflow;
+    memcpy(S->w, L->w, (size_t)L->nw * 4);
+    memcpy(S->off, L->off, (size_t)(L->n + 1) * 4);
+    mm->n_words += need;
+    mm->st_h[id] = h;
+    mm->igen[j] = mm->gen, mm->iid[j] = id;
+    return id;
+}
+
+// Sets the walk's level d + 1 to level d advanced by byte c (a memo state, or scratch lv[d + 1]).
+// Returns whether any stack survived.
+static inline bool walk_step(const td_grammar *g, const td_gvocab *v, int d, uint8_t c) {
+    gmemo *mm = v->mm;
+    const int32_t sid = v->ls[d];
+    uint32_t j = 0;
+    if (sid >= 0) {
+        uint64_t key = (uint64_t)sid << 8 | c;
+        j = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 48) & (MM_TRANS - 1);
+        for (; mm->tgen[j] == mm->gen; j = (j + 1) & (MM_TRANS - 1))
+            if (mm->tkey[j] == key) {
+                int32_t t = mm->tval[j];
+                if (t < 0) return false;
+                v->lp[d + 1] = &mm->st[t], v->ls[d + 1] = t;
+                return true;
+            }
+    }
+    level *B = &v->lv[d + 1];
+    bool ok = level_step(g, v->lp[d], c, B);
+    v->lp[d + 1] = B, v->ls[d + 1] = -1;
+    int32_t t = -1;
+    if (ok && sid >= 0) {  // a walk without the memo (the reference) never interns
+        t = memo_intern(mm, B);
+        if (t >= 0) v->lp[d + 1] = &mm->st[t], v->ls[d + 1] = t;
+    }
+    if (sid >= 0 && (!ok || t >= 0) && 2 * (mm->n_trans + 1) <= MM_TRANS) {
+        mm->tgen[j] = mm->gen, mm->tkey[j] = (uint64_t)sid << 8 | c, mm->tval[j] = ok ? t : -1;
+        mm->n_trans++;
+    }
+    return ok;
+}
+
+// Starts a walk from the state in lv[0], with the memo or (the reference) without.
+static void walk_begin(const td_gvocab *v, bool memo) {
+    memo = memo && v->mm;
+    if (memo) memo_begin(v->mm);
+    v->lp[0] = &v->lv[0];
+    v->ls[0] = memo ? memo_intern(v->mm, &v->lv[0]) : -1;
+}
+
 // Walks n tokens of the sorted vocabulary from the state in lv[0]: entry k is the sorted index
 // idx[k] (k itself when idx is NULL), sharing lcp[k] bytes with entry k - 1. Sets the accepted
-// ones in out (not cleared here). Returns false when a cap overflowed.
+// ones in out (not cleared here). memo: use the transition memo (false: level_step every byte, the
+// plain reference). Returns false when a cap overflowed.
 static bool walk_tokens(const td_grammar *g, const td_gvocab *v, const int32_t *idx, const uint16_t *lcp, int n,
-                        uint32_t *out) {
-    level *lv = v->lv;
-    int valid = 0;      // lv[0..valid] hold the states after the current token's first bytes
+                        uint32_t *out, bool memo) {
+    walk_begin(v, memo);
+    int valid = 0;      // levels 0..valid hold the states after the current token's first bytes
     int rej = 1 << 30;  // the previous token's prefix of this length was rejected
     bool overflow = false;
     for (int k = 0; k < n; k++) {
@@ -1188,11 +1324,11 @@ static bool walk_tokens(const td_grammar *g, const td_gvocab *v, const int32_t *
         const int len = (int)v->len[id];
         int d = l < valid ? l : valid;
         for (; d < len; d++) {
-            if (!level_step(g, &lv[d], b[d], &lv[d + 1])) {
+            if (!walk_step(g, v, d, b[d])) {
                 rej = d + 1;
                 break;
             }
-            if (lv[d + 1].overflow) overflow = true;
+            if (v->lp[d + 1]->overflow) overflow = true;
         }
         valid = d;
         if (d == len) out[id >> 5] |= 1u << (id & 31);
@@ -1201,11 +1337,12 @@ static bool walk_tokens(const td_grammar *g, const td_gvocab *v, const int32_t *
     return !overflow;
 }
 
-// The reference: the mask of state L (no end tokens) by walking the whole sorted vocabulary.
-static bool compute_mask(const td_grammar *g, const td_gvocab *v, const level *L, uint32_t *out, int words) {
+// The mask of state L (no end tokens) by walking the whole sorted vocabulary (memo false: the
+// plain reference).
+static bool compute_mask(const td_grammar *g, const td_gvocab *v, const level *L, uint32_t *out, int words, bool memo) {
     memset(out, 0, (size_t)words * 4);
     level_copy(&v->lv[0], L);
-    return walk_tokens(g, v, NULL, v->lcp, v->n_sorted, out);
+    return walk_tokens(g, v, NULL, v->lcp, v->n_sorted, out, memo);
 }
 
 static int common_prefix(const td_gvocab *v, int32_t a, int32_t b) {
@@ -1220,7 +1357,7 @@ static int common_prefix(const td_gvocab *v, int32_t a, int32_t b) {
 // matched by whatever lies below). Marks P untabulated on overflow or past the budget.
 static void pos_build(td_grammar *g, const td_gvocab *v, const uint32_t *fr, int k_fr, gpos *P, int words) {
     level *lv = v->lv;
-    uint8_t *pop = v->pop;  // pop[d]: some lv[j], 1 <= j <= d, holds an empty stack
+    uint8_t *pop = v->pop;  // pop[d]: some level j, 1 <= j <= d, holds an empty stack
     uint32_t *acc = calloc((size_t)words, 4);
     int cap_unc = 256, n_unc = 0, n_acc = 0;
     int32_t *unc = malloc((size_t)cap_unc * sizeof *unc);
@@ -1228,6 +1365,7 @@ static void pos_build(td_grammar *g, const td_gvocab *v, const uint32_t *fr, int
     if (!acc || !unc) goto out;
     level_clear(&lv[0]);
     level_add(&lv[0], fr, k_fr);
+    walk_begin(v, true);
     pop[0] = 0;
     int valid = 0, rej = 1 << 30;
     bool rej_unc = false;
@@ -1243,12 +1381,12 @@ static void pos_build(td_grammar *g, const td_gvocab *v, const uint32_t *fr, int
             const int len = (int)v->len[id];
             int d = l < valid ? l : valid;
             for (; d < len; d++) {
-                if (!level_step(g, &lv[d], b[d], &lv[d + 1])) {
+                if (!walk_step(g, v, d, b[d])) {
                     rej = d + 1, rej_unc = pop[d];
                     break;
                 }
-                if (lv[d + 1].overflow) goto out;
-                pop[d + 1] = pop[d] || level_complete(&lv[d + 1]);
+                if (v->lp[d + 1]->overflow) goto out;
+                pop[d + 1] = pop[d] || level_complete(v->lp[d + 1]);
             }
             valid = d;
             if (d == len) acc[id >> 5] |= 1u << (id & 31), n_acc++;
@@ -1358,7 +1496,7 @@ static bool fast_mask(td_grammar *g, const td_gvocab *v, const level *L, uint32_
         const gpos *q = pos_for_stack(g, v, s, d, words, &k);
         if (!q) {
             g->st.full_walks++;
-            return compute_mask(g, v, L, out, words);
+            return compute_mask(g, v, L, out, words, true);
         }
         bool seen = false;
         for (int j = 0; j < n_key && !seen; j++) seen = P[j] == q;
@@ -1384,13 +1522,13 @@ static bool fast_mask(td_grammar *g, const td_gvocab *v, const level *L, uint32_
             const uint32_t *s = L->w + L->off[i];
             if (d > k && !memcmp(s + d - k, key, (size_t)k * 4)) level_add(g0, s, d);
         }
-        if (g0->n && !walk_tokens(g, v, q->unc, q->unc_lcp, q->n_unc, out)) return false;
+        if (g0->n && !walk_tokens(g, v, q->unc, q->unc_lcp, q->n_unc, out, true)) return false;
     }
     return true;
 }
 
 bool td_gmatch_mask_reference(td_gmatch *m, uint32_t *out, td_err *err) {
-    if (m->failed || !compute_mask(m->g, m->v, &m->cur, out, m->words)) {
+    if (m->failed || !compute_mask(m->g, m->v, &m->cur, out, m->words, false)) {
         m->failed = true;
         td_err_set(err, TD_ERR_LIMIT, "grammar: too ambiguous: more than %d parse stacks or %d nested rules",
                    GM_MAX_STACKS, GM_MAX_DEPTH);
