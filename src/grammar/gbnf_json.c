@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,7 +100,7 @@ static bool known(const char *k) {
     static const char *const kw[] = {"type", "properties", "required", "additionalProperties", "enum", "const",
                                      "anyOf", "oneOf", "allOf", "$ref", "items", "prefixItems", "minItems",
                                      "maxItems", "minLength", "maxLength", "pattern", "minimum",
-                                     "exclusiveMinimum", NULL};
+                                     "exclusiveMinimum", "maximum", "exclusiveMaximum", NULL};
     for (int i = 0; kw[i]; i++)
         if (!strcmp(k, kw[i])) return true;
     return is_descriptive(k);
@@ -146,18 +147,109 @@ static const char *gen_string(jc *c, const cJSON *s, const char *path) {
     return r;
 }
 
+// GBNF for the decimal forms (no sign, no leading zeros) of the integers [a, b] that have the same
+// number of digits: the digit-by-digit split of regex range generators, as one group.
+static void range_same_len(gb_buf *o, const char *a, const char *b, int n) {
+    if (n == 0) return;
+    int k = 0;
+    while (k < n && a[k] == b[k]) k++;
+    if (k) {  // common prefix
+        gb_printf(o, "\"%.*s\" ", k, a);
+        a += k, b += k, n -= k;
+        if (n == 0) return;
+    }
+    bool lo0 = true, hi9 = true;  // a's rest all 0, b's rest all 9
+    for (int i = 1; i < n; i++) lo0 &= a[i] == '0', hi9 &= b[i] == '9';
+    if (lo0 && hi9) {
+        gb_printf(o, "[%c-%c]", a[0], b[0]);
+        if (n > 1) gb_printf(o, " [0-9]{%d}", n - 1);
+        return;
+    }
+    char nines[20], zeros[20];
+    memset(nines, '9', sizeof nines), memset(zeros, '0', sizeof zeros);
+    gb_puts(o, "(");
+    int lo_first = lo0 ? a[0] : a[0] + 1, hi_last = hi9 ? b[0] : b[0] - 1;
+    bool alt = false;
+    if (!lo0) {  // a[0] followed by [a's rest, 9...9]
+        gb_printf(o, "\"%c\" ", a[0]);
+        range_same_len(o, a + 1, nines, n - 1);
+        alt = true;
+    }
+    if (lo_first <= hi_last) {
+        gb_printf(o, "%s[%c-%c] [0-9]{%d}", alt ? " | " : "", lo_first, hi_last, n - 1);
+        alt = true;
+    }
+    if (!hi9) {  // b[0] followed by [0...0, b's rest]
+        gb_printf(o, "%s\"%c\" ", alt ? " | " : "", b[0]);
+        range_same_len(o, zeros, b + 1, n - 1);
+    }
+    gb_puts(o, ")");
+}
+
+#define INT_DIGITS 16  // as the int rule: at most 16 digits
+
+// The integers [a, b] (0 <= a <= b; b < 0 for "any number of digits up to INT_DIGITS"), unsigned.
+static void range_nonneg(gb_buf *o, long long a, long long b) {
+    char sa[24], sb[24];
+    int na = snprintf(sa, sizeof sa, "%lld", a);
+    int nb = b < 0 ? INT_DIGITS : snprintf(sb, sizeof sb, "%lld", b);
+    gb_puts(o, "(");
+    for (int n = na; n <= nb; n++) {
+        char lo[24], hi[24];
+        if (n == na) memcpy(lo, sa, (size_t)n + 1);
+        else lo[0] = '1', memset(lo + 1, '0', (size_t)n - 1), lo[n] = 0;
+        if (b >= 0 && n == nb) memcpy(hi, sb, (size_t)n + 1);
+        else memset(hi, '9', (size_t)n), hi[n] = 0;
+        if (n > na) gb_puts(o, " | ");
+        if (b < 0 && n > na) {  // every number of this many digits, and more: one repetition
+            gb_printf(o, "[1-9] [0-9]{%d,%d}", n - 1, INT_DIGITS - 1);
+            break;
+        }
+        range_same_len(o, lo, hi, n);
+    }
+    gb_puts(o, ")");
+}
+
+// Integers with minimum / exclusiveMinimum / maximum / exclusiveMaximum (the tighter of each pair),
+// compiled into digit grammars; bounds beyond +-10^15 are refused.
 static const char *gen_integer(jc *c, const cJSON *s, const char *path) {
-    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum");
-    const cJSON *xmn = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum");
-    if (mn && xmn) return jfail(c, TD_ERR_UNSUPPORTED, "%s: minimum together with exclusiveMinimum is not supported", path);
-    const cJSON *b = mn ? mn : xmn;
-    if (!b) return c->p_int;
-    if (!cJSON_IsNumber(b)) return jfail(c, TD_ERR_INVALID, "%s.%s: must be a number", path, mn ? "minimum" : "exclusiveMinimum");
-    double lo = mn ? b->valuedouble : b->valuedouble + 1;  // the least integer allowed
-    if (lo == 0) return c->p_nat;
-    if (lo == 1) return c->p_pos;
-    return jfail(c, TD_ERR_UNSUPPORTED, "%s: integer lower bounds other than 0 (minimum 0, exclusiveMinimum -1) or 1 "
-                 "are not supported", path);
+    static const char *const keys[4] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+    bool has_lo = false, has_hi = false;
+    long long lo = 0, hi = 0;
+    for (int i = 0; i < 4; i++) {
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(s, keys[i]);
+        if (!b) continue;
+        if (!cJSON_IsNumber(b)) return jfail(c, TD_ERR_INVALID, "%s.%s: must be a number", path, keys[i]);
+        double x = b->valuedouble;
+        if (!(x > -1e15 && x < 1e15))
+            return jfail(c, TD_ERR_UNSUPPORTED, "%s.%s: integer bounds beyond +-1e15 are not supported", path, keys[i]);
+        // the least / greatest integer allowed by this bound
+        long long v = i == 0 ? (long long)ceil(x) : i == 1 ? (long long)floor(x) + 1 : i == 2 ? (long long)floor(x)
+                                                                                             : (long long)ceil(x) - 1;
+        if (i < 2) lo = has_lo && lo > v ? lo : v, has_lo = true;
+        else hi = has_hi && hi < v ? hi : v, has_hi = true;
+    }
+    if (!has_lo && !has_hi) return c->p_int;
+    if (has_lo && has_hi && lo > hi) return jfail(c, TD_ERR_INVALID, "%s: no integer lies within the bounds", path);
+    if (has_lo && !has_hi && lo == 0) return c->p_nat;
+    if (has_lo && !has_hi && lo == 1) return c->p_pos;
+    gb_buf b = {0};
+    bool any = false;
+    // negative part: "-" then the magnitudes [max(1, -hi), -lo] (unbounded when no minimum)
+    if (!has_lo || lo < 0) {
+        long long mlo = has_hi && hi < 0 ? -hi : 1, mhi = has_lo ? -lo : -1;
+        gb_puts(&b, "\"-\" ");
+        range_nonneg(&b, mlo, mhi);
+        any = true;
+    }
+    // non-negative part: [max(0, lo), hi] (unbounded when no maximum)
+    if (!has_hi || hi >= 0) {
+        if (any) gb_puts(&b, " | ");
+        range_nonneg(&b, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
+    }
+    const char *r = rule(c, b.p);
+    free(b.p);
+    return r;
 }
 
 static const char *gen_object(jc *c, const cJSON *s, const char *path) {
@@ -367,8 +459,10 @@ static const char *gen_type(jc *c, const cJSON *s, const char *t, const char *pa
     if (!strcmp(t, "string")) return gen_string(c, s, path);
     if (!strcmp(t, "integer")) return gen_integer(c, s, path);
     if (!strcmp(t, "number")) {
-        if (cJSON_GetObjectItemCaseSensitive(s, "minimum") || cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum"))
-            return jfail(c, TD_ERR_UNSUPPORTED, "%s: minimum on numbers is not supported (integers only)", path);
+        static const char *const bounds[] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+        for (int i = 0; i < 4; i++)
+            if (cJSON_GetObjectItemCaseSensitive(s, bounds[i]))
+                return jfail(c, TD_ERR_UNSUPPORTED, "%s: %s on numbers is not supported (integers only)", path, bounds[i]);
         return c->p_number;
     }
     if (!strcmp(t, "boolean")) return c->p_bool;
@@ -492,7 +586,8 @@ static const char *gen(jc *c, const cJSON *s, const char *path) {
     } else if (cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength") ||
                cJSON_GetObjectItemCaseSensitive(s, "pattern")) {
         res = gen_string(c, s, path);
-    } else if (cJSON_GetObjectItemCaseSensitive(s, "minimum") || cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum")) {
+    } else if (cJSON_GetObjectItemCaseSensitive(s, "minimum") || cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum") ||
+               cJSON_GetObjectItemCaseSensitive(s, "maximum") || cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum")) {
         res = gen_integer(c, s, path);
     } else {
         res = c->p_value;

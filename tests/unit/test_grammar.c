@@ -205,6 +205,9 @@ static const char *SCHEMAS[] = {
     "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":[\"integer\",\"null\"]},\"tags\":{\"type\":\"array\","
     "\"prefixItems\":[{\"type\":\"boolean\"},{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}],\"items\":false}},"
     "\"required\":[\"tags\"],\"title\":\"t\",\"description\":\"d\"}",
+    "{\"type\":\"array\",\"minItems\":3,\"items\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\","
+    "\"minimum\":-20,\"maximum\":305},\"b\":{\"type\":\"integer\",\"exclusiveMinimum\":7.5},\"c\":{\"maximum\":-3,"
+    "\"exclusiveMaximum\":-2}},\"required\":[\"a\",\"b\",\"c\"]}}",
     "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\",\"exclusiveMinimum\":0},\"maxProperties\":0}",
 };
 
@@ -261,7 +264,10 @@ static void test_schemas(const td_gvocab *v, int end, const char *const *tokbyte
     const char *bad[][2] = {
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"date\"}}}",
          "$.properties.a: keyword 'format' is not supported"},
-        {"{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":5}}", "$.items: integer lower bounds"},
+        {"{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":5e15}}",
+         "$.items.minimum: integer bounds beyond +-1e15 are not supported"},
+        {"{\"type\":\"integer\",\"minimum\":3,\"exclusiveMaximum\":3}", "$: no integer lies within the bounds"},
+        {"{\"type\":\"number\",\"maximum\":3}", "$: maximum on numbers is not supported"},
         {"{\"type\":\"object\",\"required\":[\"x\"],\"properties\":{}}", "'x' is not in properties"},
         {"{\"$ref\":\"#/$defs/missing\"}", "is not a local reference that resolves"},
         {"{\"type\":\"array\",\"uniqueItems\":true}", "$: keyword 'uniqueItems' is not supported"},
@@ -273,6 +279,53 @@ static void test_schemas(const td_gvocab *v, int end, const char *const *tokbyte
         CHECK(!gb && strstr(err.msg, bad[i][1]), "refusal %zu: %s", i, err.msg);
         free(gb);
         cJSON_Delete(schema);
+    }
+}
+
+// Integer bounds compiled into digit grammars: every integer of a window around the bounds (and
+// far ones) must match exactly when it lies within them, by arithmetic.
+static void test_integer_ranges(const td_gvocab *bv) {
+    static const struct {
+        const char *schema;
+        bool has_lo, has_hi;
+        long long lo, hi;
+    } cases[] = {
+        {"{\"type\":\"integer\",\"minimum\":5}", true, false, 5, 0},
+        {"{\"type\":\"integer\",\"minimum\":-37,\"maximum\":1205}", true, true, -37, 1205},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":-1000.5,\"exclusiveMaximum\":-10}", true, true, -1000, -11},
+        {"{\"type\":\"integer\",\"maximum\":99}", false, true, 0, 99},
+        {"{\"type\":\"integer\",\"exclusiveMaximum\":-100}", false, true, 0, -101},
+        {"{\"type\":\"integer\",\"minimum\":100,\"maximum\":100}", true, true, 100, 100},
+        {"{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":19,\"maximum\":2001,\"exclusiveMaximum\":3000}", true,
+         true, 20, 2001},
+        {"{\"minimum\":-9,\"maximum\":9}", true, true, -9, 9},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cJSON *sc = cJSON_Parse(cases[i].schema);
+        td_err err = {0};
+        char *gb = td_gbnf_from_json_schema(sc, "", &err);
+        cJSON_Delete(sc);
+        CHECK(gb != NULL, "%s: %s", cases[i].schema, err.msg);
+        td_grammar *g = gb ? td_grammar_compile(gb, strlen(gb), &err) : NULL;
+        CHECK(g != NULL, "%s: %s\n%s", cases[i].schema, err.msg, gb ? gb : "");
+        if (!g) {
+            free(gb);
+            continue;
+        }
+        int bad = 0;
+        static const long long far[] = {-123456789012345LL, -100000, -10000, 10000, 99999, 123456789012345LL};
+        for (long long x = -3100; x <= 3100 + (long long)(sizeof far / sizeof *far); x++) {
+            long long y = x <= 3100 ? x : far[x - 3101];
+            char t[32];
+            int n = snprintf(t, sizeof t, "%lld", y);
+            bool want = (!cases[i].has_lo || y >= cases[i].lo) && (!cases[i].has_hi || y <= cases[i].hi);
+            if (full_match(g, bv, t, (size_t)n) != want && bad++ < 3) printf("  %s: %s %s\n", cases[i].schema, t, want ? "refused" : "matched");
+        }
+        // no leading zeros, no "+"
+        bad += full_match(g, bv, "0100", 4) + full_match(g, bv, "+100", 4);
+        CHECK(bad == 0, "%s: %d integers misjudged\n%s", cases[i].schema, bad, gb);
+        td_grammar_unref(g);
+        free(gb);
     }
 }
 
@@ -452,6 +505,7 @@ int main(void) {
     test_gbnf_match(bv);
     test_regex(bv, &rng);
     test_prefix_and_choice(bv);
+    test_integer_ranges(bv);
     cJSON *cases = cJSON_CreateArray();
     test_schemas(bv, 256, NULL, NULL, &rng, cases, 30);
 
