@@ -489,6 +489,97 @@ static const char *alternation(jc *c, const cJSON *arr, const char *kw, const ch
     return r;
 }
 
+// allOf of several schemas (and the keywords beside it) merged into one schema, where that is
+// exact: `properties` are united (a property in two parts must be the same schema), `required`
+// united, `type` and every other keyword must agree where more than one part has it, and
+// `additionalProperties` may not be false or a schema (a part closed to the others' properties).
+// Conflicts are refused naming both JSON paths. Returns a new cJSON (caller deletes) or NULL.
+static cJSON *merge_all_of(jc *c, const cJSON *s, const cJSON *all, const char *path) {
+    cJSON *m = cJSON_CreateObject(), *props = NULL, *req = NULL;
+    char *origin[64] = {0};  // path of the part that set each keyword of m, by position
+    int n_origin = 0;
+    int n = cJSON_GetArraySize(all);
+    if (!m) return jfail(c, TD_ERR_NOMEM, "out of memory"), NULL;
+    for (int i = -1; i < n && !c->failed; i++) {  // -1: the keywords beside allOf
+        const cJSON *part = i < 0 ? s : cJSON_GetArrayItem(all, i);
+        char ppath[512];
+        if (i < 0) snprintf(ppath, sizeof ppath, "%s", path);
+        else snprintf(ppath, sizeof ppath, "%s.allOf[%d]", path, i);
+        if (cJSON_IsTrue(part)) continue;
+        if (!cJSON_IsObject(part)) {
+            jfail(c, TD_ERR_UNSUPPORTED, "%s: allOf parts must be schema objects", ppath);
+            break;
+        }
+        for (const cJSON *k = part->child; k && !c->failed; k = k->next) {
+            const char *key = k->string;
+            if (i < 0 && !strcmp(key, "allOf")) continue;
+            if (is_descriptive(key)) continue;
+            if (!known(key)) {
+                jfail(c, TD_ERR_UNSUPPORTED, "%s: keyword '%s' is not supported", ppath, key);
+                break;
+            }
+            if (!strcmp(key, "$ref")) {
+                jfail(c, TD_ERR_UNSUPPORTED, "%s: $ref inside an allOf of several schemas is not supported", ppath);
+                break;
+            }
+            if (!strcmp(key, "additionalProperties") && !cJSON_IsTrue(k)) {
+                jfail(c, TD_ERR_UNSUPPORTED,
+                      "%s.additionalProperties: only true is supported inside an allOf of several schemas", ppath);
+                break;
+            }
+            if (!strcmp(key, "properties")) {
+                if (!cJSON_IsObject(k)) {
+                    jfail(c, TD_ERR_INVALID, "%s.properties: must be an object", ppath);
+                    break;
+                }
+                if (!props) props = cJSON_AddObjectToObject(m, "properties");
+                for (const cJSON *p = k->child; p && props; p = p->next) {
+                    const cJSON *have = cJSON_GetObjectItemCaseSensitive(props, p->string);
+                    if (!have) {
+                        cJSON_AddItemToObject(props, p->string, cJSON_Duplicate(p, true));
+                    } else if (!cJSON_Compare(have, p, true)) {
+                        jfail(c, TD_ERR_UNSUPPORTED, "%s.properties.%s: conflicts with the same property in another "
+                              "part of the allOf (only identical schemas merge)", ppath, p->string);
+                        break;
+                    }
+                }
+                continue;
+            }
+            if (!strcmp(key, "required")) {
+                if (!cJSON_IsArray(k)) {
+                    jfail(c, TD_ERR_INVALID, "%s.required: must be an array", ppath);
+                    break;
+                }
+                if (!req) req = cJSON_AddArrayToObject(m, "required");
+                for (const cJSON *r = k->child; r && req; r = r->next) {
+                    bool dup = false;
+                    for (const cJSON *q = req->child; q && !dup; q = q->next) dup = cJSON_Compare(q, r, true);
+                    if (!dup) cJSON_AddItemToArray(req, cJSON_Duplicate(r, true));
+                }
+                continue;
+            }
+            const cJSON *have = cJSON_GetObjectItemCaseSensitive(m, key);
+            if (!have) {
+                cJSON_AddItemToObject(m, key, cJSON_Duplicate(k, true));
+                if (n_origin < 64) origin[n_origin++] = strdup(ppath);
+            } else if (!cJSON_Compare(have, k, true)) {
+                const char *o = "another part";
+                int idx = 0;
+                for (const cJSON *q = m->child; q && q != have; q = q->next)
+                    if (strcmp(q->string, "properties") && strcmp(q->string, "required")) idx++;
+                if (idx < n_origin && origin[idx]) o = origin[idx];
+                jfail(c, TD_ERR_UNSUPPORTED, "%s.%s: conflicts with %s.%s (allOf parts must agree)", ppath, key, o, key);
+            }
+        }
+    }
+    for (int i = 0; i < n_origin; i++) free(origin[i]);
+    if (c->failed) {
+        cJSON_Delete(m);
+        return NULL;
+    }
+    return m;
+}
+
 static const char *gen(jc *c, const cJSON *s, const char *path) {
     if (c->failed) return NULL;
     if (++c->depth > 64) return jfail(c, TD_ERR_LIMIT, "%s: schema nested too deeply", path);
@@ -528,12 +619,16 @@ static const char *gen(jc *c, const cJSON *s, const char *path) {
         goto out;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(s, "allOf"))) {
-        if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 1 || n_constraining > 1)
-            res = jfail(c, TD_ERR_UNSUPPORTED, "%s: allOf is supported only with one schema and no siblings", path);
-        else {
+        if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) < 1) {
+            res = jfail(c, TD_ERR_INVALID, "%s.allOf: must be a non-empty array of schemas", path);
+        } else if (cJSON_GetArraySize(v) == 1 && n_constraining == 1) {
             char sub[512];
             snprintf(sub, sizeof sub, "%s.allOf[0]", path);
             res = gen(c, v->child, sub);
+        } else {
+            cJSON *m = merge_all_of(c, s, v, path);
+            res = m ? gen(c, m, path) : NULL;
+            cJSON_Delete(m);
         }
         goto out;
     }

@@ -208,6 +208,9 @@ static const char *SCHEMAS[] = {
     "{\"type\":\"array\",\"minItems\":3,\"items\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\","
     "\"minimum\":-20,\"maximum\":305},\"b\":{\"type\":\"integer\",\"exclusiveMinimum\":7.5},\"c\":{\"maximum\":-3,"
     "\"exclusiveMaximum\":-2}},\"required\":[\"a\",\"b\",\"c\"]}}",
+    "{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"maximum\":50}},\"required\":[\"a\"]},"
+    "{\"properties\":{\"b\":{\"enum\":[\"x\",\"y\"]},\"a\":{\"type\":\"integer\",\"maximum\":50}},\"required\":[\"b\"]}],"
+    "\"properties\":{\"c\":{\"type\":\"boolean\"}}}",
     "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\",\"exclusiveMinimum\":0},\"maxProperties\":0}",
 };
 
@@ -268,6 +271,14 @@ static void test_schemas(const td_gvocab *v, int end, const char *const *tokbyte
          "$.items.minimum: integer bounds beyond +-1e15 are not supported"},
         {"{\"type\":\"integer\",\"minimum\":3,\"exclusiveMaximum\":3}", "$: no integer lies within the bounds"},
         {"{\"type\":\"number\",\"maximum\":3}", "$: maximum on numbers is not supported"},
+        {"{\"allOf\":[{\"type\":\"object\"},{\"type\":\"string\"}]}",
+         "$.allOf[1].type: conflicts with $.allOf[0].type"},
+        {"{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}}},{\"properties\":{\"a\":{\"type\":\"string\"}}}]}",
+         "$.allOf[1].properties.a: conflicts with the same property"},
+        {"{\"allOf\":[{\"properties\":{\"a\":{}},\"additionalProperties\":false},{\"properties\":{\"b\":{}}}]}",
+         "$.allOf[0].additionalProperties: only true is supported"},
+        {"{\"allOf\":[{\"$ref\":\"#/$defs/x\"},{\"type\":\"object\"}],\"$defs\":{\"x\":{}}}",
+         "$.allOf[0]: $ref inside an allOf of several schemas"},
         {"{\"type\":\"object\",\"required\":[\"x\"],\"properties\":{}}", "'x' is not in properties"},
         {"{\"$ref\":\"#/$defs/missing\"}", "is not a local reference that resolves"},
         {"{\"type\":\"array\",\"uniqueItems\":true}", "$: keyword 'uniqueItems' is not supported"},
