@@ -76,8 +76,9 @@ td_grammar *td_grammar_cache_get(td_grammar_cache *c, const char *text, td_err *
 
 // ---- The vocabulary as the matcher sees it: each token's bytes (what it adds to the decoded text),
 // sorted for a prefix-sharing walk. Special tokens are never allowed, except the end tokens given
-// here, which are allowed exactly where the grammar is complete. It also holds the scratch that
-// td_gmatch_mask and td_gmatch_accept use: matchers over one vocabulary run on one thread at a time.
+// here, which are allowed exactly where the grammar is complete. It also holds the scratch (with a
+// transition memo of about 6 MB) that td_gmatch_mask and td_gmatch_accept use: matchers over one
+// vocabulary run on one thread at a time.
 
 typedef struct td_gvocab td_gvocab;
 // From a tokenizer. end_ids [n_end]: the EOS ids (may be 0 of them). The mask covers
