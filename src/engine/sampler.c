@@ -101,6 +101,10 @@ static void process_logits(td_sampler *s, const td_sampling_params *p, float *lo
             uint32_t m = p->allow[w];
             if (m == 0xFFFFFFFFu) continue;
             const int base = w * 32, lim = base + 32 < s->vocab ? 32 : s->vocab - base;
+            if (m == 0) {  // the common word under a grammar: a plain (vectorised) fill
+                for (int b = 0; b < lim; b++) logits[base + b] = -INFINITY;
+                continue;
+            }
             for (int b = 0; b < lim; b++)
                 if (!(m >> b & 1)) logits[base + b] = -INFINITY;
         }

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,7 +100,7 @@ static bool known(const char *k) {
     static const char *const kw[] = {"type", "properties", "required", "additionalProperties", "enum", "const",
                                      "anyOf", "oneOf", "allOf", "$ref", "items", "prefixItems", "minItems",
                                      "maxItems", "minLength", "maxLength", "pattern", "minimum",
-                                     "exclusiveMinimum", NULL};
+                                     "exclusiveMinimum", "maximum", "exclusiveMaximum", NULL};
     for (int i = 0; kw[i]; i++)
         if (!strcmp(k, kw[i])) return true;
     return is_descriptive(k);
@@ -146,18 +147,109 @@ static const char *gen_string(jc *c, const cJSON *s, const char *path) {
     return r;
 }
 
+// GBNF for the decimal forms (no sign, no leading zeros) of the integers [a, b] that have the same
+// number of digits: the digit-by-digit split of regex range generators, as one group.
+static void range_same_len(gb_buf *o, const char *a, const char *b, int n) {
+    if (n == 0) return;
+    int k = 0;
+    while (k < n && a[k] == b[k]) k++;
+    if (k) {  // common prefix
+        gb_printf(o, "\"%.*s\" ", k, a);
+        a += k, b += k, n -= k;
+        if (n == 0) return;
+    }
+    bool lo0 = true, hi9 = true;  // a's rest all 0, b's rest all 9
+    for (int i = 1; i < n; i++) lo0 &= a[i] == '0', hi9 &= b[i] == '9';
+    if (lo0 && hi9) {
+        gb_printf(o, "[%c-%c]", a[0], b[0]);
+        if (n > 1) gb_printf(o, " [0-9]{%d}", n - 1);
+        return;
+    }
+    char nines[20], zeros[20];
+    memset(nines, '9', sizeof nines), memset(zeros, '0', sizeof zeros);
+    gb_puts(o, "(");
+    int lo_first = lo0 ? a[0] : a[0] + 1, hi_last = hi9 ? b[0] : b[0] - 1;
+    bool alt = false;
+    if (!lo0) {  // a[0] followed by [a's rest, 9...9]
+        gb_printf(o, "\"%c\" ", a[0]);
+        range_same_len(o, a + 1, nines, n - 1);
+        alt = true;
+    }
+    if (lo_first <= hi_last) {
+        gb_printf(o, "%s[%c-%c] [0-9]{%d}", alt ? " | " : "", lo_first, hi_last, n - 1);
+        alt = true;
+    }
+    if (!hi9) {  // b[0] followed by [0...0, b's rest]
+        gb_printf(o, "%s\"%c\" ", alt ? " | " : "", b[0]);
+        range_same_len(o, zeros, b + 1, n - 1);
+    }
+    gb_puts(o, ")");
+}
+
+#define INT_DIGITS 16  // as the int rule: at most 16 digits
+
+// The integers [a, b] (0 <= a <= b; b < 0 for "any number of digits up to INT_DIGITS"), unsigned.
+static void range_nonneg(gb_buf *o, long long a, long long b) {
+    char sa[24], sb[24];
+    int na = snprintf(sa, sizeof sa, "%lld", a);
+    int nb = b < 0 ? INT_DIGITS : snprintf(sb, sizeof sb, "%lld", b);
+    gb_puts(o, "(");
+    for (int n = na; n <= nb; n++) {
+        char lo[24], hi[24];
+        if (n == na) memcpy(lo, sa, (size_t)n + 1);
+        else lo[0] = '1', memset(lo + 1, '0', (size_t)n - 1), lo[n] = 0;
+        if (b >= 0 && n == nb) memcpy(hi, sb, (size_t)n + 1);
+        else memset(hi, '9', (size_t)n), hi[n] = 0;
+        if (n > na) gb_puts(o, " | ");
+        if (b < 0 && n > na) {  // every number of this many digits, and more: one repetition
+            gb_printf(o, "[1-9] [0-9]{%d,%d}", n - 1, INT_DIGITS - 1);
+            break;
+        }
+        range_same_len(o, lo, hi, n);
+    }
+    gb_puts(o, ")");
+}
+
+// Integers with minimum / exclusiveMinimum / maximum / exclusiveMaximum (the tighter of each pair),
+// compiled into digit grammars; bounds beyond +-10^15 are refused.
 static const char *gen_integer(jc *c, const cJSON *s, const char *path) {
-    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum");
-    const cJSON *xmn = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum");
-    if (mn && xmn) return jfail(c, TD_ERR_UNSUPPORTED, "%s: minimum together with exclusiveMinimum is not supported", path);
-    const cJSON *b = mn ? mn : xmn;
-    if (!b) return c->p_int;
-    if (!cJSON_IsNumber(b)) return jfail(c, TD_ERR_INVALID, "%s.%s: must be a number", path, mn ? "minimum" : "exclusiveMinimum");
-    double lo = mn ? b->valuedouble : b->valuedouble + 1;  // the least integer allowed
-    if (lo == 0) return c->p_nat;
-    if (lo == 1) return c->p_pos;
-    return jfail(c, TD_ERR_UNSUPPORTED, "%s: integer lower bounds other than 0 (minimum 0, exclusiveMinimum -1) or 1 "
-                 "are not supported", path);
+    static const char *const keys[4] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+    bool has_lo = false, has_hi = false;
+    long long lo = 0, hi = 0;
+    for (int i = 0; i < 4; i++) {
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(s, keys[i]);
+        if (!b) continue;
+        if (!cJSON_IsNumber(b)) return jfail(c, TD_ERR_INVALID, "%s.%s: must be a number", path, keys[i]);
+        double x = b->valuedouble;
+        if (!(x > -1e15 && x < 1e15))
+            return jfail(c, TD_ERR_UNSUPPORTED, "%s.%s: integer bounds beyond +-1e15 are not supported", path, keys[i]);
+        // the least / greatest integer allowed by this bound
+        long long v = i == 0 ? (long long)ceil(x) : i == 1 ? (long long)floor(x) + 1 : i == 2 ? (long long)floor(x)
+                                                                                             : (long long)ceil(x) - 1;
+        if (i < 2) lo = has_lo && lo > v ? lo : v, has_lo = true;
+        else hi = has_hi && hi < v ? hi : v, has_hi = true;
+    }
+    if (!has_lo && !has_hi) return c->p_int;
+    if (has_lo && has_hi && lo > hi) return jfail(c, TD_ERR_INVALID, "%s: no integer lies within the bounds", path);
+    if (has_lo && !has_hi && lo == 0) return c->p_nat;
+    if (has_lo && !has_hi && lo == 1) return c->p_pos;
+    gb_buf b = {0};
+    bool any = false;
+    // negative part: "-" then the magnitudes [max(1, -hi), -lo] (unbounded when no minimum)
+    if (!has_lo || lo < 0) {
+        long long mlo = has_hi && hi < 0 ? -hi : 1, mhi = has_lo ? -lo : -1;
+        gb_puts(&b, "\"-\" ");
+        range_nonneg(&b, mlo, mhi);
+        any = true;
+    }
+    // non-negative part: [max(0, lo), hi] (unbounded when no maximum)
+    if (!has_hi || hi >= 0) {
+        if (any) gb_puts(&b, " | ");
+        range_nonneg(&b, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
+    }
+    const char *r = rule(c, b.p);
+    free(b.p);
+    return r;
 }
 
 static const char *gen_object(jc *c, const cJSON *s, const char *path) {
@@ -367,8 +459,10 @@ static const char *gen_type(jc *c, const cJSON *s, const char *t, const char *pa
     if (!strcmp(t, "string")) return gen_string(c, s, path);
     if (!strcmp(t, "integer")) return gen_integer(c, s, path);
     if (!strcmp(t, "number")) {
-        if (cJSON_GetObjectItemCaseSensitive(s, "minimum") || cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum"))
-            return jfail(c, TD_ERR_UNSUPPORTED, "%s: minimum on numbers is not supported (integers only)", path);
+        static const char *const bounds[] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+        for (int i = 0; i < 4; i++)
+            if (cJSON_GetObjectItemCaseSensitive(s, bounds[i]))
+                return jfail(c, TD_ERR_UNSUPPORTED, "%s: %s on numbers is not supported (integers only)", path, bounds[i]);
         return c->p_number;
     }
     if (!strcmp(t, "boolean")) return c->p_bool;
@@ -393,6 +487,97 @@ static const char *alternation(jc *c, const cJSON *arr, const char *kw, const ch
     const char *r = rule(c, b.p);
     free(b.p);
     return r;
+}
+
+// allOf of several schemas (and the keywords beside it) merged into one schema, where that is
+// exact: `properties` are united (a property in two parts must be the same schema), `required`
+// united, `type` and every other keyword must agree where more than one part has it, and
+// `additionalProperties` may not be false or a schema (a part closed to the others' properties).
+// Conflicts are refused naming both JSON paths. Returns a new cJSON (caller deletes) or NULL.
+static cJSON *merge_all_of(jc *c, const cJSON *s, const cJSON *all, const char *path) {
+    cJSON *m = cJSON_CreateObject(), *props = NULL, *req = NULL;
+    char *origin[64] = {0};  // path of the part that set each keyword of m, by position
+    int n_origin = 0;
+    int n = cJSON_GetArraySize(all);
+    if (!m) return jfail(c, TD_ERR_NOMEM, "out of memory"), NULL;
+    for (int i = -1; i < n && !c->failed; i++) {  // -1: the keywords beside allOf
+        const cJSON *part = i < 0 ? s : cJSON_GetArrayItem(all, i);
+        char ppath[512];
+        if (i < 0) snprintf(ppath, sizeof ppath, "%s", path);
+        else snprintf(ppath, sizeof ppath, "%s.allOf[%d]", path, i);
+        if (cJSON_IsTrue(part)) continue;
+        if (!cJSON_IsObject(part)) {
+            jfail(c, TD_ERR_UNSUPPORTED, "%s: allOf parts must be schema objects", ppath);
+            break;
+        }
+        for (const cJSON *k = part->child; k && !c->failed; k = k->next) {
+            const char *key = k->string;
+            if (i < 0 && !strcmp(key, "allOf")) continue;
+            if (is_descriptive(key)) continue;
+            if (!known(key)) {
+                jfail(c, TD_ERR_UNSUPPORTED, "%s: keyword '%s' is not supported", ppath, key);
+                break;
+            }
+            if (!strcmp(key, "$ref")) {
+                jfail(c, TD_ERR_UNSUPPORTED, "%s: $ref inside an allOf of several schemas is not supported", ppath);
+                break;
+            }
+            if (!strcmp(key, "additionalProperties") && !cJSON_IsTrue(k)) {
+                jfail(c, TD_ERR_UNSUPPORTED,
+                      "%s.additionalProperties: only true is supported inside an allOf of several schemas", ppath);
+                break;
+            }
+            if (!strcmp(key, "properties")) {
+                if (!cJSON_IsObject(k)) {
+                    jfail(c, TD_ERR_INVALID, "%s.properties: must be an object", ppath);
+                    break;
+                }
+                if (!props) props = cJSON_AddObjectToObject(m, "properties");
+                for (const cJSON *p = k->child; p && props; p = p->next) {
+                    const cJSON *have = cJSON_GetObjectItemCaseSensitive(props, p->string);
+                    if (!have) {
+                        cJSON_AddItemToObject(props, p->string, cJSON_Duplicate(p, true));
+                    } else if (!cJSON_Compare(have, p, true)) {
+                        jfail(c, TD_ERR_UNSUPPORTED, "%s.properties.%s: conflicts with the same property in another "
+                              "part of the allOf (only identical schemas merge)", ppath, p->string);
+                        break;
+                    }
+                }
+                continue;
+            }
+            if (!strcmp(key, "required")) {
+                if (!cJSON_IsArray(k)) {
+                    jfail(c, TD_ERR_INVALID, "%s.required: must be an array", ppath);
+                    break;
+                }
+                if (!req) req = cJSON_AddArrayToObject(m, "required");
+                for (const cJSON *r = k->child; r && req; r = r->next) {
+                    bool dup = false;
+                    for (const cJSON *q = req->child; q && !dup; q = q->next) dup = cJSON_Compare(q, r, true);
+                    if (!dup) cJSON_AddItemToArray(req, cJSON_Duplicate(r, true));
+                }
+                continue;
+            }
+            const cJSON *have = cJSON_GetObjectItemCaseSensitive(m, key);
+            if (!have) {
+                cJSON_AddItemToObject(m, key, cJSON_Duplicate(k, true));
+                if (n_origin < 64) origin[n_origin++] = strdup(ppath);
+            } else if (!cJSON_Compare(have, k, true)) {
+                const char *o = "another part";
+                int idx = 0;
+                for (const cJSON *q = m->child; q && q != have; q = q->next)
+                    if (strcmp(q->string, "properties") && strcmp(q->string, "required")) idx++;
+                if (idx < n_origin && origin[idx]) o = origin[idx];
+                jfail(c, TD_ERR_UNSUPPORTED, "%s.%s: conflicts with %s.%s (allOf parts must agree)", ppath, key, o, key);
+            }
+        }
+    }
+    for (int i = 0; i < n_origin; i++) free(origin[i]);
+    if (c->failed) {
+        cJSON_Delete(m);
+        return NULL;
+    }
+    return m;
 }
 
 static const char *gen(jc *c, const cJSON *s, const char *path) {
@@ -434,12 +619,16 @@ static const char *gen(jc *c, const cJSON *s, const char *path) {
         goto out;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(s, "allOf"))) {
-        if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != 1 || n_constraining > 1)
-            res = jfail(c, TD_ERR_UNSUPPORTED, "%s: allOf is supported only with one schema and no siblings", path);
-        else {
+        if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) < 1) {
+            res = jfail(c, TD_ERR_INVALID, "%s.allOf: must be a non-empty array of schemas", path);
+        } else if (cJSON_GetArraySize(v) == 1 && n_constraining == 1) {
             char sub[512];
             snprintf(sub, sizeof sub, "%s.allOf[0]", path);
             res = gen(c, v->child, sub);
+        } else {
+            cJSON *m = merge_all_of(c, s, v, path);
+            res = m ? gen(c, m, path) : NULL;
+            cJSON_Delete(m);
         }
         goto out;
     }
@@ -492,7 +681,8 @@ static const char *gen(jc *c, const cJSON *s, const char *path) {
     } else if (cJSON_GetObjectItemCaseSensitive(s, "minLength") || cJSON_GetObjectItemCaseSensitive(s, "maxLength") ||
                cJSON_GetObjectItemCaseSensitive(s, "pattern")) {
         res = gen_string(c, s, path);
-    } else if (cJSON_GetObjectItemCaseSensitive(s, "minimum") || cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum")) {
+    } else if (cJSON_GetObjectItemCaseSensitive(s, "minimum") || cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum") ||
+               cJSON_GetObjectItemCaseSensitive(s, "maximum") || cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum")) {
         res = gen_integer(c, s, path);
     } else {
         res = c->p_value;

@@ -1,5 +1,6 @@
-// GBNF parser and compiler, the byte-level pushdown matcher, the per-state mask cache, the
-// vocabulary walk that computes masks, and the LRU of compiled grammars. Not here: the GBNF writers
+// GBNF parser and compiler, the byte-level pushdown matcher, the per-position token tables and
+// the per-state mask cache, the vocabulary walk that computes both, and the LRU of compiled
+// grammars. Not here: the GBNF writers
 // (gbnf_json.c, gbnf_regex.c).
 //
 // Compiled form (as llama.cpp's): every rule is a list of alternatives, each a run of elements in
@@ -32,6 +33,7 @@ enum { GE_END = 0, GE_REF = 1, GE_BYTES = 2 };
 #define GM_MASK_CAP 256     // masks cached per grammar
 #define GM_MAX_REPEAT 4096  // the largest {m,n} bound
 #define GM_MAX_ELEMS (1 << 22)
+#define GM_POS_BUDGET (64u << 20)  // bytes of position tables per grammar; past it, the full walk
 
 // ---------------------------------------------------------------------------------------------
 // Grammar
@@ -44,6 +46,32 @@ typedef struct mentry {
     uint32_t *mask;   // [mask words]
 } mentry;
 
+// The tokens of one grammar position decided by the top frames of a stack alone (XGrammar's
+// adaptive token mask cache, with the context taken deeper where one frame decides too little):
+// a table is keyed by the top k frames (k <= GM_KEY_MAX; the top is the BYTES element to match).
+// `acc` are accepted whatever lies below (they never leave those frames, or leave them on their
+// last byte); `unc` (context-dependent) leave them with bytes to go and must be walked from the
+// real stacks (or are rejected where the k frames are the whole stack); every other token is
+// rejected whatever lies below. Built once per key and vocabulary, on the first mask needing it.
+#define GM_KEY_MAX 8      // frames in a table's key
+#define GM_UNC_DEEPEN 2048  // a table with more context-dependent tokens than this: key one frame deeper
+typedef struct gpos {
+    int state;        // 1: built; -1: not tabulated (overflow, budget): use the full walk
+    uint32_t *acc;    // [words] bitmap when n_acc > words, else NULL
+    int32_t *acc_id;  // [n_acc] ids when acc is NULL
+    int n_acc;
+    int32_t *unc;     // [n_unc] indices into the vocabulary's sorted order, ascending
+    uint16_t *unc_lcp;  // [n_unc] common prefix with the previous entry (bytes)
+    int n_unc;
+} gpos;
+
+typedef struct gkey {
+    uint64_t h;  // 0: empty slot
+    int k;
+    uint32_t fr[GM_KEY_MAX];  // the top k frames, bottom first
+    gpos *P;
+} gkey;
+
 struct td_grammar {
     int refs;  // atomic
     uint32_t *el;  // [n_el] flat alternatives, each ended by END
@@ -54,12 +82,27 @@ struct td_grammar {
     uint32_t (*sets)[8];  // [n_sets] 256-bit byte sets
     int n_sets;
     int root;
+    bool *nullable;  // [n_rules] can match nothing
     // mask cache: used by the matcher thread only
     mentry *mc;  // [GM_MASK_CAP]
     int n_mc;
     uint64_t tick;
+    // position tables: used by the matcher thread only, for one vocabulary at a time
+    gkey *pos;  // [cap_pos] open-addressed tables by key, or NULL
+    int n_pos, cap_pos;
+    const td_gvocab *pos_v;
+    size_t pos_bytes;
     td_grammar_stats st;
 };
+
+static void pos_drop(td_grammar *g) {
+    for (int i = 0; i < g->cap_pos; i++) {
+        gpos *P = g->pos[i].P;
+        if (P) free(P->acc), free(P->acc_id), free(P->unc), free(P->unc_lcp), free(P);
+    }
+    free(g->pos);
+    g->pos = NULL, g->n_pos = g->cap_pos = 0, g->pos_v = NULL, g->pos_bytes = 0;
+}
 
 void td_grammar_ref(td_grammar *g) { __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED); }
 
@@ -67,7 +110,8 @@ void td_grammar_unref(td_grammar *g) {
     if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
     for (int i = 0; i < g->n_mc; i++) free(g->mc[i].state), free(g->mc[i].mask);
     free(g->mc);
-    free(g->el), free(g->alt), free(g->rule_alt0), free(g->rule_nalt), free(g->sets);
+    pos_drop(g);
+    free(g->el), free(g->alt), free(g->rule_alt0), free(g->rule_nalt), free(g->sets), free(g->nullable);
     free(g);
 }
 
@@ -645,6 +689,15 @@ static void parser_free(parser *ps) {
     free(ps->sets);
 }
 
+// Whether the elements from p to the end of their alternative can match nothing.
+static bool seq_nullable(const td_grammar *g, uint32_t p) {
+    for (;; p++) {
+        uint32_t e = g->el[p];
+        if (EL_T(e) == GE_END) return true;
+        if (EL_T(e) == GE_BYTES || !g->nullable[EL_A(e)]) return false;
+    }
+}
+
 td_grammar *td_grammar_compile(const char *text, size_t len, td_err *err) {
     if (!text) return td_err_set(err, TD_ERR_INVALID, "grammar: no text"), NULL;
     parser ps = {.s = text, .p = text, .end = text + len, .err = err};
@@ -694,6 +747,14 @@ td_grammar *td_grammar_compile(const char *text, size_t len, td_err *err) {
         g->rule_nalt[i] = g->n_alt - g->rule_alt0[i];
     }
     g->el[g->n_el] = EL(GE_END, 0);  // sentinel: a return position never runs off the array
+    g->nullable = calloc((size_t)g->n_rules, 1);
+    if (!g->nullable) goto nomem;
+    for (bool changed = true; changed;) {  // fixed point: a rule is nullable if an alternative is
+        changed = false;
+        for (int r = 0; r < g->n_rules; r++)
+            for (int a = 0; a < g->rule_nalt[r] && !g->nullable[r]; a++)
+                if (seq_nullable(g, (uint32_t)g->alt[g->rule_alt0[r] + a])) g->nullable[r] = true, changed = true;
+    }
     parser_free(&ps);
     return g;
 nomem:
@@ -861,17 +922,27 @@ static uint64_t level_canon(level *L, level *tmp) {
 // ---------------------------------------------------------------------------------------------
 // Vocabulary
 
+typedef struct gmemo gmemo;
+static gmemo *memo_new(void);
+static void memo_free(gmemo *mm);
+
 struct td_gvocab {
     int n;          // token ids
     int n_sorted;   // ids that can ever be allowed by bytes
     int32_t *order; // [n_sorted] ids sorted by their bytes
     uint16_t *lcp;  // [n_sorted] common prefix with the previous sorted token (bytes)
+    int32_t *nsv;   // [n_sorted] the next k' > k with lcp[k'] < lcp[k] (n_sorted if none): the
+                    // tokens between share more than lcp[k] bytes, so a rejected prefix skips them
     uint32_t *off, *len;  // [n] into blob
     char *blob;
     int32_t end[16];
     int n_end;
     int max_len;    // bytes of the longest token
     level *lv;      // [n_lv] walk scratch (max_len + 1, at least 2); used by one thread at a time
+    uint8_t *pop;   // [n_lv] walk scratch of the position tables
+    const level **lp;  // [n_lv] the walk's current levels (scratch lv[d] or a memo's state)
+    int32_t *ls;       // [n_lv] their memo ids (-1: not interned)
+    gmemo *mm;         // transitions seen in the current walk, or NULL (out of memory)
     int n_lv;
 };
 
@@ -907,9 +978,26 @@ static td_gvocab *vocab_finish(td_gvocab *v, const bool *never, const int32_t *e
         }
         v->lcp[i] = (uint16_t)l;
     }
+    v->nsv = malloc((size_t)(v->n_sorted ? v->n_sorted : 1) * sizeof *v->nsv);
+    int32_t *stk = malloc((size_t)(v->n_sorted ? v->n_sorted : 1) * sizeof *stk);
+    if (!v->nsv || !stk) {
+        free(stk);
+        goto nomem;
+    }
+    int sp = 0;
+    for (int i = 0; i < v->n_sorted; i++) {  // next smaller value, with a stack
+        while (sp && v->lcp[stk[sp - 1]] > v->lcp[i]) v->nsv[stk[--sp]] = i;
+        stk[sp++] = i;
+    }
+    while (sp) v->nsv[stk[--sp]] = v->n_sorted;
+    free(stk);
     v->n_lv = v->max_len + 1 < 2 ? 2 : v->max_len + 1;
     v->lv = calloc((size_t)v->n_lv, sizeof *v->lv);
-    if (!v->lv) goto nomem;
+    v->pop = calloc((size_t)v->n_lv, 1);
+    v->lp = calloc((size_t)v->n_lv, sizeof *v->lp);
+    v->ls = calloc((size_t)v->n_lv, sizeof *v->ls);
+    v->mm = memo_new();  // optional: without it walks step every byte
+    if (!v->lv || !v->pop || !v->lp || !v->ls) goto nomem;
     for (int i = 0; i < v->n_lv; i++)
         if (!level_init(&v->lv[i])) goto nomem;
     return v;
@@ -987,7 +1075,8 @@ void td_gvocab_free(td_gvocab *v) {
     if (!v) return;
     if (v->lv)
         for (int i = 0; i < v->n_lv; i++) level_free(&v->lv[i]);
-    free(v->lv), free(v->order), free(v->lcp), free(v->off), free(v->len), free(v->blob);
+    memo_free(v->mm);
+    free(v->lv), free(v->pop), free(v->lp), free(v->ls), free(v->order), free(v->lcp), free(v->nsv), free(v->off), free(v->len), free(v->blob);
     free(v);
 }
 
@@ -1085,33 +1174,367 @@ bool td_gmatch_accept(td_gmatch *m, int32_t tok) {
     return advance(m, (const uint8_t *)v->blob + v->off[tok], v->len[tok]);
 }
 
-// Computes the mask of state L (no end tokens) into out by walking the sorted vocabulary.
-static bool compute_mask(const td_grammar *g, const td_gvocab *v, const level *L, uint32_t *out, int words) {
-    memset(out, 0, (size_t)words * 4);
-    level *lv = v->lv;
-    level_copy(&lv[0], L);
-    int valid = 0;           // lv[0..valid] hold the states after the current token's first bytes
-    int rej = 1 << 30;       // the previous token's prefix of this length was rejected
+// The first sorted index after k that does not start with the first `r` bytes of token k.
+static inline int skip_prefix(const td_gvocab *v, int k, int r) {
+    int nk = k + 1;
+    while (nk < v->n_sorted && v->lcp[nk] >= r) nk = v->nsv[nk];
+    return nk;
+}
+
+// ---- A walk's transition memo: within one walk the same states recur at many token prefixes
+// (inside a string, every string character leads to the same next state), so each distinct state
+// gets an id and (state, byte) -> state is remembered; a hit replaces level_step (expansion and
+// deduplication) by a lookup. States are compared in full, so a hit is exact. Reset per walk by a
+// generation count; when full it stops remembering and the walk steps as without it.
+#define MM_STATES 4096
+#define MM_WORDS (1 << 20)  // frames and offsets of all states (4 MB)
+#define MM_TRANS (1 << 16)  // transition slots (power of 2)
+#define MM_INTERN (1 << 13) // intern slots (power of 2), > 2 * MM_STATES
+
+struct gmemo {
+    uint32_t gen;
+    level st[MM_STATES];
+    uint64_t st_h[MM_STATES];
+    int n_st, n_words, n_trans;
+    uint32_t *arena;     // [MM_WORDS]
+    uint64_t *tkey;      // [MM_TRANS] id << 8 | byte
+    int32_t *tval;       // [MM_TRANS] next id, or -1: the byte is rejected
+    uint32_t *tgen;      // [MM_TRANS]
+    int32_t *iid;        // [MM_INTERN] state ids by hash
+    uint32_t *igen;      // [MM_INTERN]
+};
+
+static gmemo *memo_new(void) {
+    gmemo *mm = calloc(1, sizeof *mm);
+    if (!mm) return NULL;
+    mm->arena = malloc(MM_WORDS * sizeof *mm->arena);
+    mm->tkey = malloc(MM_TRANS * sizeof *mm->tkey);
+    mm->tval = malloc(MM_TRANS * sizeof *mm->tval);
+    mm->tgen = calloc(MM_TRANS, sizeof *mm->tgen);
+    mm->iid = malloc(MM_INTERN * sizeof *mm->iid);
+    mm->igen = calloc(MM_INTERN, sizeof *mm->igen);
+    if (!mm->arena || !mm->tkey || !mm->tval || !mm->tgen || !mm->iid || !mm->igen) {
+        free(mm->arena), free(mm->tkey), free(mm->tval), free(mm->tgen), free(mm->iid), free(mm->igen), free(mm);
+        return NULL;
+    }
+    return mm;
+}
+
+static void memo_free(gmemo *mm) {
+    if (!mm) return;
+    free(mm->arena), free(mm->tkey), free(mm->tval), free(mm->tgen), free(mm->iid), free(mm->igen), free(mm);
+}
+
+static void memo_begin(gmemo *mm) {
+    if (!mm) return;
+    mm->n_st = mm->n_words = mm->n_trans = 0;
+    if (++mm->gen == 0) {  // wrapped: clear the slots once
+        memset(mm->tgen, 0, MM_TRANS * sizeof *mm->tgen);
+        memset(mm->igen, 0, MM_INTERN * sizeof *mm->igen);
+        mm->gen = 1;
+    }
+}
+
+static uint64_t level_hash(const level *L) {
+    return hash_words(L->w, L->nw) ^ (hash_words(L->off, L->n + 1) * 0x9E3779B97F4A7C15ull) ^ (uint64_t)L->overflow;
+}
+
+// The id of a state equal to L, interning a copy; -1 when the memo is full.
+static int memo_intern(gmemo *mm, const level *L) {
+    uint64_t h = level_hash(L);
+    uint32_t j = (uint32_t)h & (MM_INTERN - 1);
+    for (; mm->igen[j] == mm->gen; j = (j + 1) & (MM_INTERN - 1)) {
+        const level *S = &mm->st[mm->iid[j]];
+        if (mm->st_h[mm->iid[j]] == h && S->n == L->n && S->nw == L->nw && S->overflow == L->overflow &&
+            !memcmp(S->off, L->off, (size_t)(L->n + 1) * 4) && !memcmp(S->w, L->w, (size_t)L->nw * 4))
+            return mm->iid[j];
+    }
+    int need = L->nw + L->n + 1;
+    if (mm->n_st == MM_STATES || mm->n_words + need > MM_WORDS) return -1;
+    int id = mm->n_st++;
+    level *S = &mm->st[id];
+    S->w = mm->arena + mm->n_words;
+    S->off = S->w + L->nw;
+    S->h = NULL;  // not read by level_step or level_complete
+    S->n = L->n, S->nw = L->nw, S->overflow = L->overflow;
+    memcpy(S->w, L->w, (size_t)L->nw * 4);
+    memcpy(S->off, L->off, (size_t)(L->n + 1) * 4);
+    mm->n_words += need;
+    mm->st_h[id] = h;
+    mm->igen[j] = mm->gen, mm->iid[j] = id;
+    return id;
+}
+
+// Sets the walk's level d + 1 to level d advanced by byte c (a memo state, or scratch lv[d + 1]).
+// Returns whether any stack survived.
+static inline bool walk_step(const td_grammar *g, const td_gvocab *v, int d, uint8_t c) {
+    gmemo *mm = v->mm;
+    const int32_t sid = v->ls[d];
+    uint32_t j = 0;
+    if (sid >= 0) {
+        uint64_t key = (uint64_t)sid << 8 | c;
+        j = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 48) & (MM_TRANS - 1);
+        for (; mm->tgen[j] == mm->gen; j = (j + 1) & (MM_TRANS - 1))
+            if (mm->tkey[j] == key) {
+                int32_t t = mm->tval[j];
+                if (t < 0) return false;
+                v->lp[d + 1] = &mm->st[t], v->ls[d + 1] = t;
+                return true;
+            }
+    }
+    level *B = &v->lv[d + 1];
+    bool ok = level_step(g, v->lp[d], c, B);
+    v->lp[d + 1] = B, v->ls[d + 1] = -1;
+    int32_t t = -1;
+    if (ok && sid >= 0) {  // a walk without the memo (the reference) never interns
+        t = memo_intern(mm, B);
+        if (t >= 0) v->lp[d + 1] = &mm->st[t], v->ls[d + 1] = t;
+    }
+    if (sid >= 0 && (!ok || t >= 0) && 2 * (mm->n_trans + 1) <= MM_TRANS) {
+        mm->tgen[j] = mm->gen, mm->tkey[j] = (uint64_t)sid << 8 | c, mm->tval[j] = ok ? t : -1;
+        mm->n_trans++;
+    }
+    return ok;
+}
+
+// Starts a walk from the state in lv[0], with the memo or (the reference) without.
+static void walk_begin(const td_gvocab *v, bool memo) {
+    memo = memo && v->mm;
+    if (memo) memo_begin(v->mm);
+    v->lp[0] = &v->lv[0];
+    v->ls[0] = memo ? memo_intern(v->mm, &v->lv[0]) : -1;
+}
+
+// Walks n tokens of the sorted vocabulary from the state in lv[0]: entry k is the sorted index
+// idx[k] (k itself when idx is NULL), sharing lcp[k] bytes with entry k - 1. Sets the accepted
+// ones in out (not cleared here). memo: use the transition memo (false: level_step every byte, the
+// plain reference). Returns false when a cap overflowed.
+static bool walk_tokens(const td_grammar *g, const td_gvocab *v, const int32_t *idx, const uint16_t *lcp, int n,
+                        uint32_t *out, bool memo) {
+    walk_begin(v, memo);
+    int valid = 0;      // levels 0..valid hold the states after the current token's first bytes
+    int rej = 1 << 30;  // the previous token's prefix of this length was rejected
     bool overflow = false;
-    for (int k = 0; k < v->n_sorted; k++) {
-        const int32_t id = v->order[k];
-        const int l = v->lcp[k];
+    for (int k = 0; k < n; k++) {
+        const int32_t id = v->order[idx ? idx[k] : k];
+        const int l = lcp[k];
         if (rej <= l) continue;
         rej = 1 << 30;
         const uint8_t *b = (const uint8_t *)v->blob + v->off[id];
         const int len = (int)v->len[id];
         int d = l < valid ? l : valid;
         for (; d < len; d++) {
-            if (!level_step(g, &lv[d], b[d], &lv[d + 1])) {
+            if (!walk_step(g, v, d, b[d])) {
                 rej = d + 1;
                 break;
             }
-            if (lv[d + 1].overflow) overflow = true;
+            if (v->lp[d + 1]->overflow) overflow = true;
         }
         valid = d;
         if (d == len) out[id >> 5] |= 1u << (id & 31);
+        else if (!idx) k = skip_prefix(v, k, rej) - 1;
     }
     return !overflow;
+}
+
+// The mask of state L (no end tokens) by walking the whole sorted vocabulary (memo false: the
+// plain reference).
+static bool compute_mask(const td_grammar *g, const td_gvocab *v, const level *L, uint32_t *out, int words, bool memo) {
+    memset(out, 0, (size_t)words * 4);
+    level_copy(&v->lv[0], L);
+    return walk_tokens(g, v, NULL, v->lcp, v->n_sorted, out, memo);
+}
+
+static int common_prefix(const td_gvocab *v, int32_t a, int32_t b) {
+    const char *x = v->blob + v->off[a], *y = v->blob + v->off[b];
+    int m = (int)(v->len[a] < v->len[b] ? v->len[a] : v->len[b]), l = 0;
+    while (l < m && x[l] == y[l]) l++;
+    return l;
+}
+
+// Builds the table of key fr[0, k): the vocabulary walked from the stack fr alone, noting at each
+// prefix whether a stack has returned out of it (an empty stack: the rest of the token would be
+// matched by whatever lies below). Marks P untabulated on overflow or past the budget.
+static void pos_build(td_grammar *g, const td_gvocab *v, const uint32_t *fr, int k_fr, gpos *P, int words) {
+    level *lv = v->lv;
+    uint8_t *pop = v->pop;  // pop[d]: some level j, 1 <= j <= d, holds an empty stack
+    uint32_t *acc = calloc((size_t)words, 4);
+    int cap_unc = 256, n_unc = 0, n_acc = 0;
+    int32_t *unc = malloc((size_t)cap_unc * sizeof *unc);
+    P->state = -1;
+    if (!acc || !unc) goto out;
+    level_clear(&lv[0]);
+    level_add(&lv[0], fr, k_fr);
+    walk_begin(v, true);
+    pop[0] = 0;
+    int valid = 0, rej = 1 << 30;
+    bool rej_unc = false;
+    for (int k = 0; k < v->n_sorted; k++) {
+        const int32_t id = v->order[k];
+        const int l = v->lcp[k];
+        bool is_unc = false;
+        if (rej <= l) {
+            is_unc = rej_unc;
+        } else {
+            rej = 1 << 30;
+            const uint8_t *b = (const uint8_t *)v->blob + v->off[id];
+            const int len = (int)v->len[id];
+            int d = l < valid ? l : valid;
+            for (; d < len; d++) {
+                if (!walk_step(g, v, d, b[d])) {
+                    rej = d + 1, rej_unc = pop[d];
+                    break;
+                }
+                if (v->lp[d + 1]->overflow) goto out;
+                pop[d + 1] = pop[d] || level_complete(v->lp[d + 1]);
+            }
+            valid = d;
+            if (d == len) acc[id >> 5] |= 1u << (id & 31), n_acc++;
+            else is_unc = pop[d];
+        }
+        // a rejected prefix: the tokens that share it are decided with this one
+        int k_end = rej < (1 << 30) ? skip_prefix(v, k, rej) : k + 1;
+        if (is_unc) {
+            while (n_unc + (k_end - k) > cap_unc) {
+                int32_t *nu = realloc(unc, (size_t)cap_unc * 2 * sizeof *nu);
+                if (!nu) goto out;
+                unc = nu, cap_unc *= 2;
+            }
+            for (int q = k; q < k_end; q++) unc[n_unc++] = q;
+        }
+        k = k_end - 1;
+    }
+    size_t bytes = sizeof *P + (size_t)n_unc * 6 + (n_acc > words ? (size_t)words * 4 : (size_t)n_acc * 4);
+    if (g->pos_bytes + bytes > GM_POS_BUDGET) goto out;
+    P->unc_lcp = malloc((size_t)(n_unc ? n_unc : 1) * sizeof *P->unc_lcp);
+    if (!P->unc_lcp) goto out;
+    for (int i = 0; i < n_unc; i++)
+        P->unc_lcp[i] = (uint16_t)(i ? common_prefix(v, v->order[unc[i - 1]], v->order[unc[i]]) : 0);
+    if (n_acc > words) {
+        P->acc = acc, acc = NULL;
+    } else {
+        P->acc_id = malloc((size_t)(n_acc ? n_acc : 1) * sizeof *P->acc_id);
+        if (!P->acc_id) goto out;
+        int j = 0;
+        for (int w = 0; w < words; w++)
+            for (uint32_t x = acc[w]; x; x &= x - 1) P->acc_id[j++] = w * 32 + __builtin_ctz(x);
+    }
+    P->n_acc = n_acc;
+    P->unc = unc, unc = NULL;
+    P->n_unc = n_unc;
+    P->state = 1;
+    g->pos_bytes += bytes;
+out:
+    if (P->state != 1) {
+        free(P->acc), free(P->acc_id), free(P->unc_lcp);
+        P->acc = NULL, P->acc_id = NULL, P->unc_lcp = NULL;
+    }
+    free(acc), free(unc);
+}
+
+// The table of key fr[0, k) for vocabulary v, built on first use; NULL when it is not tabulated.
+static const gpos *pos_get(td_grammar *g, const td_gvocab *v, const uint32_t *fr, int k, int words) {
+    if (g->pos_v != v) pos_drop(g), g->pos_v = v;  // tables are for one vocabulary at a time
+    if (2 * (g->n_pos + 1) > g->cap_pos) {  // grow (rehash) at half full
+        int nc = g->cap_pos ? 2 * g->cap_pos : 64;
+        gkey *nt = calloc((size_t)nc, sizeof *nt);
+        if (!nt) return NULL;
+        for (int i = 0; i < g->cap_pos; i++) {
+            if (!g->pos[i].h) continue;
+            int j = (int)(g->pos[i].h & (uint64_t)(nc - 1));
+            while (nt[j].h) j = (j + 1) & (nc - 1);
+            nt[j] = g->pos[i];
+        }
+        free(g->pos);
+        g->pos = nt, g->cap_pos = nc;
+    }
+    uint64_t h = hash_words(fr, k) | 1;
+    int j = (int)(h & (uint64_t)(g->cap_pos - 1));
+    for (; g->pos[j].h; j = (j + 1) & (g->cap_pos - 1)) {
+        gkey *e = &g->pos[j];
+        if (e->h == h && e->k == k && !memcmp(e->fr, fr, (size_t)k * 4)) return e->P->state == 1 ? e->P : NULL;
+    }
+    gpos *P = calloc(1, sizeof *P);
+    if (!P) return NULL;
+    uint64_t t0 = now_ns();
+    pos_build(g, v, fr, k, P, words);
+    g->st.pos_built++;
+    g->st.pos_ns += now_ns() - t0;
+    gkey *e = &g->pos[j];
+    e->h = h, e->k = k, e->P = P;
+    memcpy(e->fr, fr, (size_t)k * 4);
+    g->n_pos++;
+    return P->state == 1 ? P : NULL;
+}
+
+// The table for stack s[0, d) (d >= 1): keyed by its top frames, deeper while that leaves many
+// tokens to the context. *k gets the frames in the key.
+static const gpos *pos_for_stack(td_grammar *g, const td_gvocab *v, const uint32_t *s, int d, int words, int *k) {
+    // Start with the frames a token can leave without a byte (what remains of them can be empty)
+    // and the first one it cannot: a string's character rule and its repetition return at once,
+    // so one frame would leave almost every token to the context.
+    int k0 = 1;
+    for (uint32_t rest = s[d - 1] + 1; k0 < d && k0 < GM_KEY_MAX && seq_nullable(g, rest); k0++) rest = s[d - 1 - k0];
+    const gpos *P = NULL;
+    for (*k = k0;; (*k)++) {
+        P = pos_get(g, v, s + d - *k, *k, words);
+        if (!P || P->n_unc <= GM_UNC_DEEPEN || *k == d || *k == GM_KEY_MAX) return P;
+    }
+}
+
+// The mask of state L (no end tokens) from the tables: for each distinct key, its accepted tokens,
+// plus its context-dependent ones that a walk from the stacks with that key accepts (none where
+// the key is the whole stack). Falls back to the full walk when a key is not tabulated.
+static bool fast_mask(td_grammar *g, const td_gvocab *v, const level *L, uint32_t *out, int words) {
+    const gpos *P[GM_MAX_STACKS];
+    int kk[GM_MAX_STACKS], first[GM_MAX_STACKS], n_key = 0;
+    for (int i = 0; i < L->n; i++) {
+        int d = (int)(L->off[i + 1] - L->off[i]);
+        if (d == 0) continue;
+        const uint32_t *s = L->w + L->off[i];
+        int k;
+        const gpos *q = pos_for_stack(g, v, s, d, words, &k);
+        if (!q) {
+            g->st.full_walks++;
+            return compute_mask(g, v, L, out, words, true);
+        }
+        bool seen = false;
+        for (int j = 0; j < n_key && !seen; j++) seen = P[j] == q;
+        if (seen) continue;
+        P[n_key] = q, kk[n_key] = k, first[n_key++] = i;
+    }
+    memset(out, 0, (size_t)words * 4);
+    for (int j = 0; j < n_key; j++) {
+        const gpos *q = P[j];
+        if (q->acc) {
+            for (int w = 0; w < words; w++) out[w] |= q->acc[w];
+        } else {
+            for (int a = 0; a < q->n_acc; a++) out[q->acc_id[a] >> 5] |= 1u << (q->acc_id[a] & 31);
+        }
+        if (!q->n_unc) continue;
+        // the stacks under this key that have frames below it
+        const int k = kk[j];
+        const uint32_t *key = L->w + L->off[first[j]] + (L->off[first[j] + 1] - L->off[first[j]]) - k;
+        level *g0 = &v->lv[0];
+        level_clear(g0);
+        for (int i = first[j]; i < L->n; i++) {
+            int d = (int)(L->off[i + 1] - L->off[i]);
+            const uint32_t *s = L->w + L->off[i];
+            if (d > k && !memcmp(s + d - k, key, (size_t)k * 4)) level_add(g0, s, d);
+        }
+        if (g0->n && !walk_tokens(g, v, q->unc, q->unc_lcp, q->n_unc, out, true)) return false;
+    }
+    return true;
+}
+
+bool td_gmatch_mask_reference(td_gmatch *m, uint32_t *out, td_err *err) {
+    if (m->failed || !compute_mask(m->g, m->v, &m->cur, out, m->words, false)) {
+        m->failed = true;
+        td_err_set(err, TD_ERR_LIMIT, "grammar: too ambiguous: more than %d parse stacks or %d nested rules",
+                   GM_MAX_STACKS, GM_MAX_DEPTH);
+        return false;
+    }
+    return true;
 }
 
 const uint32_t *td_gmatch_mask(td_gmatch *m, bool allow_end, td_err *err) {
@@ -1168,7 +1591,7 @@ const uint32_t *td_gmatch_mask(td_gmatch *m, bool allow_end, td_err *err) {
             else e->n_state = -1;
         }
         uint32_t *out = e && e->cap_state >= need ? e->mask : m->mask;
-        if (!compute_mask(g, v, &m->cur, out, m->words)) {
+        if (!fast_mask(g, v, &m->cur, out, m->words)) {
             if (out != m->mask) e->n_state = -1, e->key = 0;
             td_err_set(err, TD_ERR_LIMIT, "grammar: too ambiguous: more than %d parse stacks or %d nested rules",
                        GM_MAX_STACKS, GM_MAX_DEPTH);

@@ -5,7 +5,8 @@
 //
 // Pipeline: text -> td_grammar_compile (parse, lower characters to UTF-8 byte sets, check rules) ->
 // td_gmatch (per output: the set of parse stacks) -> td_gmatch_mask (bitmask over token ids, cached
-// per state in the grammar) -> td_gmatch_accept (advance by the chosen token's bytes).
+// per state in the grammar, computed from per-position tables of the tokens that do not depend on
+// the stack below) -> td_gmatch_accept (advance by the chosen token's bytes).
 // Threading: a compiled td_grammar is immutable except for its mask cache, which only the thread that
 // runs matchers touches (the engine thread); compile and the td_grammar_cache are thread-safe.
 #ifndef TD_GRAMMAR_GRAMMAR_H
@@ -57,6 +58,10 @@ typedef struct td_grammar_stats {
     uint64_t miss_ns;                 // of which computing missed masks (ns)
     int n_cached;                     // masks held now
     int n_rules, n_elems;             // size of the compiled grammar
+    uint64_t pos_built;               // position tables built (once per position reached)
+    uint64_t pos_ns;                  // of miss_ns, time building them (ns)
+    uint64_t full_walks;              // misses computed by the full vocabulary walk (a position
+                                      // that could not be tabulated)
 } td_grammar_stats;
 void td_grammar_stats_get(const td_grammar *g, td_grammar_stats *out);
 
@@ -71,8 +76,9 @@ td_grammar *td_grammar_cache_get(td_grammar_cache *c, const char *text, td_err *
 
 // ---- The vocabulary as the matcher sees it: each token's bytes (what it adds to the decoded text),
 // sorted for a prefix-sharing walk. Special tokens are never allowed, except the end tokens given
-// here, which are allowed exactly where the grammar is complete. It also holds the scratch that
-// td_gmatch_mask and td_gmatch_accept use: matchers over one vocabulary run on one thread at a time.
+// here, which are allowed exactly where the grammar is complete. It also holds the scratch (with a
+// transition memo of about 6 MB) that td_gmatch_mask and td_gmatch_accept use: matchers over one
+// vocabulary run on one thread at a time.
 
 typedef struct td_gvocab td_gvocab;
 // From a tokenizer. end_ids [n_end]: the EOS ids (may be 0 of them). The mask covers
@@ -89,7 +95,9 @@ int td_gvocab_size(const td_gvocab *v);  // token ids: the mask has (size + 31) 
 // ---- A matcher: one output being generated under a grammar. Holds a reference on g; v must
 // outlive it. All memory is allocated here (the parse-stack buffers have fixed caps); mask, accept
 // and the queries allocate nothing except the first time a state's mask enters the cache (the
-// cache holds at most a fixed number of masks per grammar, then evicts the least recently used).
+// cache holds at most a fixed number of masks per grammar, then evicts the least recently used) and
+// the first time a grammar position is reached (its table, kept until the grammar is freed, within
+// a 64 MB budget per grammar; past it, masks of states at new positions walk the whole vocabulary).
 
 typedef struct td_gmatch td_gmatch;
 td_gmatch *td_gmatch_create(td_grammar *g, const td_gvocab *v, td_err *err);
@@ -103,6 +111,10 @@ void td_gmatch_copy(td_gmatch *dst, const td_gmatch *src);
 // (TD_ERR_LIMIT) when the grammar is too ambiguous for the matcher's caps. allow_end: whether the
 // end tokens may be set (where the grammar is complete).
 const uint32_t *td_gmatch_mask(td_gmatch *m, bool allow_end, td_err *err);
+// The reference for the mask (tests, benchmarks): the allowed tokens of the current state without
+// end tokens, by walking the whole sorted vocabulary from the full parse stacks, written to out
+// [(size + 31) / 32 words]; no cache is read or written. False with err as td_gmatch_mask.
+bool td_gmatch_mask_reference(td_gmatch *m, uint32_t *out, td_err *err);
 // Advances by a token. Returns false (state unchanged) when the token is not allowed; an end token
 // is allowed only where the grammar is complete (the state is then unchanged).
 bool td_gmatch_accept(td_gmatch *m, int32_t token);

@@ -1468,7 +1468,9 @@ static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
             r->n_done = 0;
             r->api.gen.stream = false;
             r->finished = true;  // nothing more to send
-            return send_err(r, c, st == TD_ERR_LIMIT ? 503 : 500, NULL, err.msg[0] ? err.msg : "the engine refused the request");
+            // what the request carried (a grammar that does not compile) is the client's error
+            int code = st == TD_ERR_LIMIT ? 503 : st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED ? 400 : 500;
+            return send_err(r, c, code, NULL, err.msg[0] ? err.msg : "the engine refused the request");
         }
         sb->submitted = true;
     }
