@@ -36,6 +36,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "kernel_choice.h"
+#include "run_cmd.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -693,6 +694,43 @@ static void test_binary(void) {
     printf("binary: tandem convert/quantize checked\n");
 }
 
+// The type names: export.c's list is exactly the types tandem writes (this test's own list), each
+// parses, model directories take f32/f16/bf16; every help that lists types prints that list, and
+// docs/convert.md's convert synopsis names the same.
+static void test_type_list(void) {
+    static const char *want[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q6_k", "q4_k_m"};
+    char all[200], hf[100], want_all[200] = "", bars[200] = "";
+    td_export_type_list(all, sizeof all, false);
+    td_export_type_list(hf, sizeof hf, true);
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        snprintf(want_all + strlen(want_all), sizeof want_all - strlen(want_all), "%s%s", i ? ", " : "", want[i]);
+        snprintf(bars + strlen(bars), sizeof bars - strlen(bars), "%s%s", i ? "|" : "", want[i]);
+        const int t = td_export_parse_type(want[i]);
+        CHECK(t >= 0, "%s does not parse", want[i]);
+        CHECK(td_export_type_hf(t) == (i < 3), "%s: model directory type %d", want[i], td_export_type_hf(t));
+    }
+    CHECK(!strcmp(all, want_all), "type list '%s', want '%s'", all, want_all);
+    CHECK(!strcmp(hf, "f32, f16, bf16"), "hf type list '%s'", hf);
+    const char *bin = td_test_bin();
+    if (bin) {
+        const char *helps[] = {"convert --help", "quantize --help", "export --help", ""};
+        for (size_t i = 0; i < sizeof helps / sizeof *helps; i++) {
+            char cmd[4200];
+            int st;
+            snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", bin, helps[i]);
+            char *out = td_test_run(cmd, &st);
+            CHECK(out && strstr(out, want_all), "`tandem %s` does not list the types '%s':\n%s", helps[i], want_all,
+                  out ? out : "");
+            free(out);
+        }
+    }
+    char *doc = NULL;
+    td_err err;
+    CHECK(td_read_file("docs/convert.md", 0, &doc, NULL, &err) == TD_OK, "%s", err.msg);
+    CHECK(doc && strstr(doc, bars), "docs/convert.md does not name the types %s", bars);
+    free(doc);
+}
+
 static void rm_rf(const char *path) {
     DIR *d = opendir(path);
     if (d) {
@@ -732,6 +770,7 @@ int main(void) {
     test_tokenizers();
     test_bad_inputs();
     test_binary();
+    test_type_list();
     cJSON_Delete(g_oracle);
     if (!td_test_failed) rm_rf(g_tmp);
     else fprintf(stderr, "outputs kept in %s\n", g_tmp);
