@@ -22,10 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "test_util.h"
+
 #ifndef TANDEM_HAVE_CUDA
-int main(void) {
-    return td_test_skip("built without CUDA");
-}
+int main(void) { return td_test_skip("built without CUDA"); }
 #else
 #include <cuda_runtime_api.h>
 
