@@ -245,7 +245,9 @@ int main(void) {
     if (!find_mpirun()) {
         return td_test_skip("mpirun is not on PATH");
     }
-    snprintf(g_dir, sizeof g_dir, "%s/train_mpi_test", td_test_data_dir());
+    // A directory of this process's own: two copies sharing TANDEM_TEST_DATA (two checkouts'
+    // ctest runs) would otherwise write the same metrics files. Removed when everything passed.
+    snprintf(g_dir, sizeof g_dir, "%s/train_mpi_test.%d", td_test_data_dir(), (int)getpid());
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", g_dir, g_dir);
     CHECK(system(cmd) == 0, "mkdir %s", g_dir);
@@ -406,6 +408,12 @@ int main(void) {
         CHECK(nr == KILL_STEPS && lines >= KILL_STEPS && bad == 0,
               "killed and restarted: %d logged steps, %d differ from the uninterrupted run (%d reference lines)", lines,
               bad, nr);
+    }
+    if (!td_test_failed) {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+        if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", g_dir);
+    } else {
+        printf("logs kept in %s\n", g_dir);
     }
     TEST_DONE();
 #endif
