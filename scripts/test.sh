@@ -11,21 +11,27 @@ JOBS=${JOBS:-2}
 export TANDEM_TEST_DATA=${TANDEM_TEST_DATA:-$PWD/.cache}
 mkdir -p "$TANDEM_TEST_DATA"
 failed=0 passed=0
+skipped=""  # "DIR: test test ..." lines: tests that exited 77 (could not run on this machine)
 step() {  # step NAME CMD...: runs a stage, counts it
   local name=$1; shift
   echo "=== $name"
   if "$@"; then passed=$((passed + 1)); else echo "*** FAILED: $name"; failed=$((failed + 1)); fi
 }
 
-# ctest that fails when no test is registered (a build directory whose cached options register none)
-# and prints how many ran.
+# ctest that fails when no test is registered (a build directory whose cached options register none),
+# prints how many ran, and collects the skipped ones (exit 77, SKIP_RETURN_CODE) for the summary.
 run_ctest() {  # run_ctest DIR [ctest args...]
   local dir=$1; shift
   local n
   n=$(ctest --test-dir "$dir" -N "$@" | sed -n 's/^Total Tests: *//p')
   echo "($dir: ${n:-0} tests registered)"
   [ "${n:-0}" -gt 0 ] || { echo "no tests registered in $dir: its CMake cache registers none (TANDEM_FUZZ?)"; return 1; }
-  ctest --test-dir "$dir" --output-on-failure --no-tests=error "$@"
+  local log="$dir/ctest.log" rc s
+  ctest --test-dir "$dir" --output-on-failure --no-tests=error "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  s=$(sed -n 's/^[[:space:]]*[0-9]* - \(.*\) (Skipped)$/\1/p' "$log" | tr '\n' ' ')
+  [ -z "$s" ] || skipped="$skipped  $dir: $s"$'\n'
+  return "$rc"
 }
 
 build() {  # build DIR [cmake args...]
@@ -76,4 +82,10 @@ fi
 
 echo
 echo "test stages: $passed passed, $failed failed"
+if [ -n "$skipped" ]; then
+  echo "skipped tests (exit 77: a device, an optional build part or a CPU feature this machine lacks):"
+  printf '%s' "$skipped"
+else
+  echo "skipped tests: none"
+fi
 [ $failed = 0 ]

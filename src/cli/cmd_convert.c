@@ -42,14 +42,23 @@ static const char *base_name(const char *p, char *buf, size_t cap) {
 
 int td_cmd_convert(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *to = "gguf", *type_s = NULL, *tok = NULL, *name = NULL, *shard = NULL;
+    char all[160], hf_types[64], type_help[400], usage[800];  // the type lists from export.c's table
+    td_export_type_list(all, sizeof all, false);
+    td_export_type_list(hf_types, sizeof hf_types, true);
+    snprintf(type_help, sizeof type_help,
+             "tensor type: GGUF %s\n(default f16; matrices in T, norms and biases stay f32; q4_k_m:\n"
+             "llama.cpp's mix); hf %s (default f32)",
+             all, hf_types);
+    snprintf(usage, sizeof usage,
+             "usage: tandem convert MODEL -o OUT.gguf [--type T] [options]\n"
+             "       tandem convert MODEL --to hf -o DIR [--type T] [options]\n"
+             "  MODEL                     model directory (config.json + safetensors) or .gguf file\n"
+             "  T                         gguf: %s; hf: %s\n",
+             all, hf_types);
     const td_opt opts[] = {
         {TD_OPT_S("out", &out, "PATH", "output GGUF file, or directory with --to hf"), .aliases = "outfile", .shorts = "o"},
         {TD_OPT_S("to", &to, "gguf|hf", "output format (default gguf)")},
-        {TD_OPT_S("type", &type_s, "T",
-                  "tensor type: GGUF f32, f16 (default), bf16, q8_0, q4_0, q5_0, q4_k,\n"
-                  "q6_k, q4_k_m (matrices; norms and biases stay f32); hf f32\n"
-                  "(default), f16, bf16"),
-         .aliases = "outtype"},
+        {TD_OPT_S("type", &type_s, "T", type_help), .aliases = "outtype"},
         {TD_OPT_S("tokenizer", &tok, "PATH",
                   "tokenizer directory or tokenizer.json (default: MODEL's own, when\n"
                   "MODEL is a directory)")},
@@ -57,9 +66,7 @@ int td_cmd_convert(int argc, char **argv) {
         {TD_OPT_S("max-shard-size", &shard, "N", "hf: split safetensors beyond N bytes (suffixes K, M, G; e.g. 5G)")},
     };
     const td_opts ot = {.prog = "tandem convert",
-                        .usage = "usage: tandem convert MODEL -o OUT.gguf [--type f16|bf16|q8_0|q4_0|q5_0|q4_k|q6_k|q4_k_m|f32] [options]\n"
-                                 "       tandem convert MODEL --to hf -o DIR [--type f32|f16|bf16] [options]\n"
-                                 "  MODEL                     model directory (config.json + safetensors) or .gguf file\n",
+                        .usage = usage,
                         .opts = opts,
                         .n = (int)(sizeof opts / sizeof opts[0]),
                         .max_pos = 1};
@@ -79,11 +86,11 @@ int td_cmd_convert(int argc, char **argv) {
     td_export_params p = td_export_default_params();
     int t = type_s ? td_export_parse_type(type_s) : (hf ? TD_F32 : TD_F16);
     if (t < 0) {
-        fprintf(stderr, "tandem convert: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q6_k, q4_k_m)\n", type_s);
+        fprintf(stderr, "tandem convert: unknown type '%s' (%s)\n", type_s, all);
         return 2;
     }
-    if (hf && t != TD_F32 && t != TD_F16 && t != TD_BF16) {
-        fprintf(stderr, "tandem convert: a model directory holds f32, f16 or bf16, not %s\n", type_s);
+    if (hf && !td_export_type_hf(t)) {
+        fprintf(stderr, "tandem convert: a model directory holds %s, not %s\n", hf_types, type_s);
         return 2;
     }
     p.type = (td_dtype)t;
@@ -154,13 +161,19 @@ int td_cmd_convert(int argc, char **argv) {
 
 int td_cmd_quantize(int argc, char **argv) {
     bool requant = false;  // accepted for llama.cpp compatibility
+    char all[160], usage[600];  // the type list from export.c's table
+    td_export_type_list(all, sizeof all, false);
+    snprintf(usage, sizeof usage,
+             "usage: tandem quantize IN.gguf OUT.gguf TYPE\n"
+             "  TYPE: %s (q4_k_m: llama.cpp's mix).\n"
+             "  Every tensor is dequantized to f32 and re-encoded: matrices in TYPE, vectors (norms, biases,\n"
+             "  rope_freqs) in f32. Metadata is copied.\n",
+             all);
     const td_opt opts[] = {
         {TD_OPT_B("allow-requantize", &requant, "accepted for llama.cpp compatibility (quantized inputs always are)")},
     };
     const td_opts ot = {.prog = "tandem quantize",
-                        .usage = "usage: tandem quantize IN.gguf OUT.gguf TYPE\n"
-                                 "  TYPE: f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q6_k, q4_k_m (llama.cpp's mix). Every tensor is dequantized to f32 and re-encoded:\n"
-                                 "  matrices in TYPE, vectors (norms, biases, rope_freqs) in f32. Metadata is copied.\n",
+                        .usage = usage,
                         .opts = opts,
                         .n = (int)(sizeof opts / sizeof opts[0]),
                         .max_pos = 3};
@@ -174,7 +187,7 @@ int td_cmd_quantize(int argc, char **argv) {
     }
     int t = td_export_parse_type(pos[2]);
     if (t < 0) {
-        fprintf(stderr, "tandem quantize: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q6_k, q4_k_m)\n", pos[2]);
+        fprintf(stderr, "tandem quantize: unknown type '%s' (%s)\n", pos[2], all);
         return 2;
     }
     if (!strcmp(pos[0], pos[1])) {

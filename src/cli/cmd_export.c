@@ -60,12 +60,15 @@ static void make_parents(const char *path) {
 
 int td_cmd_export(int argc, char **argv) {
     const char *src = NULL, *out = NULL, *to = "hf", *type_s = NULL, *tok = NULL, *name = NULL;
+    char all[160], hf_types[64], type_help[400];  // the type lists from export.c's table
+    td_export_type_list(all, sizeof all, false);
+    td_export_type_list(hf_types, sizeof hf_types, true);
+    snprintf(type_help, sizeof type_help,
+             "hf: %s (default f32);\ngguf: %s\n(default f16; matrices in T, norms stay f32)", hf_types, all);
     const td_opt opts[] = {
         {TD_OPT_S("to", &to, "hf|gguf", "output format (default hf)")},
         {TD_OPT_S("out", &out, "PATH", "output directory (hf) or .gguf file"), .shorts = "o"},
-        {TD_OPT_S("type", &type_s, "T",
-                  "hf: f32 (default), f16, bf16; gguf: f32, f16 (default), bf16, q8_0,\n"
-                  "q4_0, q5_0, q4_k, q6_k, q4_k_m (matrices; norms stay f32)")},
+        {TD_OPT_S("type", &type_s, "T", type_help)},
         {TD_OPT_S("tokenizer", &tok, "PATH",
                   "tokenizer directory or tokenizer.json to copy / embed (default: the\n"
                   "one the checkpoint records; refused when none is known)")},
@@ -94,11 +97,11 @@ int td_cmd_export(int argc, char **argv) {
     }
     int t = type_s ? td_export_parse_type(type_s) : (hf ? TD_F32 : TD_F16);
     if (t < 0) {
-        fprintf(stderr, "tandem export: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, q6_k, q4_k_m)\n", type_s);
+        fprintf(stderr, "tandem export: unknown type '%s' (%s)\n", type_s, all);
         return 2;
     }
-    if (hf && t != TD_F32 && t != TD_F16 && t != TD_BF16) {
-        fprintf(stderr, "tandem export: a model directory holds f32, f16 or bf16, not %s\n", type_s);
+    if (hf && !td_export_type_hf(t)) {
+        fprintf(stderr, "tandem export: a model directory holds %s, not %s\n", hf_types, type_s);
         return 2;
     }
 

@@ -12,10 +12,12 @@
 #include "cli/cmd_rl_tools.h"
 #include "cli/cmd_train_data.h"
 #include "cli/cmd_weights.h"
+#include "model/export.h"
 
 #define TANDEM_VERSION "0.1.0"
 
 static void usage(FILE *f) {
+    char types[160];  // export.c's table: what convert, quantize and export accept
     fprintf(f,
             "tandem %s: train, serve and post-train Llama-family models\n"
             "\n"
@@ -26,7 +28,7 @@ static void usage(FILE *f) {
             "  serve [MODEL]    serve an OpenAI-compatible API (docs/serving.md; default: the embedded model)\n"
             "  tokenize PATH    print the token ids of a text\n"
             "  detokenize PATH  print the text of token ids\n"
-            "  convert MODEL    convert a model directory or GGUF (to GGUF F32/F16/BF16/Q8_0/Q4_0 or HF)\n"
+            "  convert MODEL    convert a model directory or GGUF to GGUF or HF (--type: %s)\n"
             "  quantize IN OUT TYPE  convert a GGUF file to another type\n"
             "  train            train a Llama-family model (docs/training.md)\n"
             "  export CKPT      a training checkpoint to an HF directory or GGUF (--to hf|gguf -o OUT)\n"
@@ -40,7 +42,7 @@ static void usage(FILE *f) {
             "  rl --config F    GRPO post-training (docs/rl.md); rl data|eval: a task's SFT data, pass@k\n"
             "\n"
             "`tandem <command> --help` describes a command's options.\n",
-            TANDEM_VERSION);
+            TANDEM_VERSION, td_export_type_list(types, sizeof types, false));
 }
 
 int main(int argc, char **argv) {

@@ -158,8 +158,10 @@ size_t td_comm_dtype_size(td_comm_dtype t);  // bytes per element; 0 for an inva
 //   TD_ERR_TIMEOUT  a peer did not arrive before the deadline; this rank has aborted the
 //                   communicator, and every rank's pending and later operations fail.
 //   TD_ERR_IO       a peer aborted the communicator (td_comm_abort): as after a timeout, every
-//                   operation fails; or a peer left (td_comm_free): collectives fail from then on,
-//                   and so do messages to or from that rank, while messages among the others flow.
+//                   operation fails; or a peer left (td_comm_free): the collectives it had not
+//                   completed and all later ones fail (those it completed still finish: it did
+//                   its part), and so do messages to or from that rank, while messages among the
+//                   others flow.
 // After TIMEOUT or IO the contents of receive buffers of failed operations are unspecified, and a
 // transport may still be using those buffers until td_comm_free returns (the local one never
 // is). Once aborted, the only useful call left is td_comm_free (others fail at once).

@@ -55,9 +55,10 @@ enum { CH_COLL, CH_ENV, CH_ACK, CH_DATA, CH_CTL, CH_N };
 enum { CTL_ABORT = 1, CTL_LEFT = 2 };
 // The words of a record. All: magic, version, generation. Collective header: number, kind, type,
 // reduction, count, root. Envelope: count, type. Reply: accepted, count, type. Notice: what,
-// status, rank (then the text).
+// status, rank, and for a departure the first collective number the rank did not complete (then
+// the text; the word was 0 before it was defined, which reads as "completed none": the old rule).
 enum { W_MAGIC, W_VERSION, W_GEN, W_SEQ, W_KIND, W_DTYPE, W_OP, W_COUNT, W_ROOT };
-enum { W_WHAT = 3, W_STATUS = 4, W_RANK = 5 };  // a notice's words
+enum { W_WHAT = 3, W_STATUS = 4, W_RANK = 5, W_DONE = 6 };  // a notice's words
 enum { Q_FREE, Q_ACTIVE, Q_DONE, Q_DRAIN };  // not in use, running, finished (not released), settling
 // Collectives: headers, then reduce-scatter blocks and/or gathered blocks (broadcast uses AG's
 // tag). Messages: envelope and reply, then (reject) the reply going out, or (accept) the payload.
@@ -106,9 +107,13 @@ typedef struct mctx {
     bool notified;
     td_status abort_status;  // TD_OK until aborted (here or by a peer)
     char abort_msg[TD_ERR_MSG_MAX];
-    int left_rank;  // the first rank that left (td_comm_free), -1 while none has
-    bool *left;     // [size]
+    // [size]: HERE while rank k has not left (td_comm_free); then the first collective number it
+    // did not complete. Collectives below it still finish here: the departed rank sent all of its
+    // part (its sends were complete), though the data may arrive after the notice, which travels
+    // on another channel. A collective at or above it fails at once.
+    uint64_t *left_at;
 } mctx;
+#define HERE UINT64_MAX
 
 // The process's MPI state: whether this file initialized MPI, how many communicators are live,
 // the creation counter (the same on every rank, as creation is collective), and what freed
@@ -235,12 +240,12 @@ static void finish(mctx *c, mreq *q, td_status st, const char *why) {
 }
 
 // Sends this rank's one notice (abort or departure) to every peer. Best effort: a peer that
-// cannot be reached is gone already.
-static void notify(mctx *c, int what, td_status st, const char *text) {
+// cannot be reached is gone already. done: W_DONE (departures).
+static void notify(mctx *c, int what, td_status st, uint64_t done, const char *text) {
     if (c->notified) return;
     c->notified = true;
     memset(&c->ctl_out, 0, sizeof c->ctl_out);
-    const int64_t w[REC_WORDS] = {MAGIC_CTL, REC_VERSION, c->gen, what, st, c->comm.rank, 0, 0};
+    const int64_t w[REC_WORDS] = {MAGIC_CTL, REC_VERSION, c->gen, what, st, c->comm.rank, (int64_t)done, 0};
     memcpy(c->ctl_out.w, w, sizeof w);
     snprintf(c->ctl_out.text, sizeof c->ctl_out.text, "%s", text);
     for (int k = 0; k < c->comm.size; k++)
@@ -257,7 +262,7 @@ static void abort_with(mctx *c, td_status st, const char *msg, bool by_me) {
     if (c->abort_status != TD_OK) return;
     c->abort_status = st;
     snprintf(c->abort_msg, sizeof c->abort_msg, "%s", msg);
-    if (by_me) notify(c, CTL_ABORT, st, c->abort_msg);
+    if (by_me) notify(c, CTL_ABORT, st, 0, c->abort_msg);
     for (int i = 0; i < MPI_MAX_REQS; i++)
         if (c->reqs[i].state == Q_ACTIVE) finish(c, &c->reqs[i], st, c->abort_msg);
     if (c->ctl_recv != MPI_REQUEST_NULL) MPI_Cancel(&c->ctl_recv);
@@ -301,10 +306,7 @@ static void poll_ctl(mctx *c) {
                 abort_with(c, w[W_STATUS] == TD_ERR_TIMEOUT ? TD_ERR_TIMEOUT : TD_ERR_IO, c->ctl_in.text, false);
                 return;
             }
-            if (w[W_WHAT] == CTL_LEFT) {
-                c->left[w[W_RANK]] = true;
-                if (c->left_rank < 0) c->left_rank = (int)w[W_RANK];
-            }
+            if (w[W_WHAT] == CTL_LEFT) c->left_at[w[W_RANK]] = w[W_DONE] > 0 ? (uint64_t)w[W_DONE] : 0;
         }
         if (c->abort_status != TD_OK) return;
         rc = MPI_Irecv(&c->ctl_in, (int)sizeof c->ctl_in, MPI_BYTE, MPI_ANY_SOURCE, 0, c->ch[CH_CTL], &c->ctl_recv);
@@ -619,6 +621,13 @@ static int test_all(mctx *c, mreq *q) {
     return pending;
 }
 
+// A rank that left without completing collective number seq, or -1.
+static int coll_gone(const mctx *c, uint64_t seq) {
+    for (int k = 0; k < c->comm.size; k++)
+        if (c->left_at[k] <= seq) return k;
+    return -1;
+}
+
 static void step(mctx *c, mreq *q) {
     while (q->state == Q_ACTIVE) {
         if (c->abort_status != TD_OK) {
@@ -629,7 +638,7 @@ static void step(mctx *c, mreq *q) {
         if (pending < 0) return;
         if (pending > 0) {
             // A rank that left will never do its part.
-            const int gone = q->coll ? c->left_rank : c->left[q->d.peer] ? q->d.peer : -1;
+            const int gone = q->coll ? coll_gone(c, q->seq) : c->left_at[q->d.peer] != HERE ? q->d.peer : -1;
             if (gone >= 0) {
                 char why[128];
                 snprintf(why, sizeof why, "rank %d has left the communicator (td_comm_free)", gone);
@@ -664,8 +673,9 @@ static td_status broken(const mctx *c, const td_comm_desc *d, td_err *err) {
     const char *k = td_comm_kind_name(d->kind);
     const int me = c->comm.rank;
     if (c->abort_status != TD_OK) return td_err_set(err, c->abort_status, "rank %d: %s: %s", me, k, c->abort_msg);
-    const int gone = d->kind == TD_COMM_SEND || d->kind == TD_COMM_RECV ? (c->left[d->peer] ? d->peer : -1)
-                                                                        : c->left_rank;
+    const int gone = d->kind == TD_COMM_SEND || d->kind == TD_COMM_RECV
+                         ? (c->left_at[d->peer] != HERE ? d->peer : -1)
+                         : coll_gone(c, c->coll_seq);  // the number this one would get
     if (gone >= 0)
         return td_err_set(err, TD_ERR_IO, "rank %d: %s: rank %d has left the communicator (td_comm_free)", me, k, gone);
     return TD_OK;
@@ -798,7 +808,7 @@ static void ctx_destroy(mctx *c, bool in_use) {
     }
     release_mem(c->reqs);
     release_mem(c->ctl_send);
-    release_mem(c->left);
+    release_mem(c->left_at);
     release_mem(c);
 }
 
@@ -807,7 +817,11 @@ static void mpi_free(void *ctx) {
     char why[128];
     snprintf(why, sizeof why, "rank %d has left the communicator (td_comm_free)", c->comm.rank);
     progress(c);
-    if (c->abort_status == TD_OK) notify(c, CTL_LEFT, TD_ERR_IO, why);
+    // Every collective below the first one still running here is complete on this rank.
+    uint64_t done = c->coll_seq;
+    for (int i = 0; i < MPI_MAX_REQS; i++)
+        if (c->reqs[i].state == Q_ACTIVE && c->reqs[i].coll && c->reqs[i].seq < done) done = c->reqs[i].seq;
+    if (c->abort_status == TD_OK) notify(c, CTL_LEFT, TD_ERR_IO, done, why);
     for (int i = 0; i < MPI_MAX_REQS; i++)
         if (c->reqs[i].state == Q_ACTIVE) finish(c, &c->reqs[i], TD_ERR_IO, "the communicator was freed");
     if (c->ctl_recv != MPI_REQUEST_NULL) MPI_Cancel(&c->ctl_recv);
@@ -903,25 +917,24 @@ td_status td_comm_mpi_create(td_comm **out, td_err *err) {
     if (mm && atol(mm) >= 16 && atol(mm) < INT_MAX) c->max_msg = (size_t)atol(mm);
     c->piece_bytes = c->max_msg < MIB ? c->max_msg : MIB;
     c->ctl_recv = MPI_REQUEST_NULL;
-    c->left_rank = -1;
     const size_t per = 4 * (size_t)size;
     c->reqs = calloc(MPI_MAX_REQS, sizeof *c->reqs);
     MPI_Request *mpi = malloc(MPI_MAX_REQS * per * sizeof *mpi);
     int *who = malloc(MPI_MAX_REQS * per * sizeof *who);
     int64_t *hdr = calloc(MPI_MAX_REQS * (size_t)size * REC_WORDS, sizeof *hdr);
     c->ctl_send = malloc((size_t)size * sizeof *c->ctl_send);
-    c->left = calloc((size_t)size, sizeof *c->left);
-    if (!c->reqs || !mpi || !who || !hdr || !c->ctl_send || !c->left) {
+    c->left_at = malloc((size_t)size * sizeof *c->left_at);
+    if (!c->reqs || !mpi || !who || !hdr || !c->ctl_send || !c->left_at) {
         free(mpi);
         free(who);
         free(hdr);
         free(c->reqs);
         free(c->ctl_send);
-        free(c->left);
+        free(c->left_at);
         free(c);
         return td_err_set(err, TD_ERR_NOMEM, "mpi: out of memory for %d ranks", size);
     }
-    for (int k = 0; k < size; k++) c->ctl_send[k] = MPI_REQUEST_NULL;
+    for (int k = 0; k < size; k++) c->ctl_send[k] = MPI_REQUEST_NULL, c->left_at[k] = HERE;
     for (int i = MPI_MAX_REQS - 1; i >= 0; i--) {
         mreq *q = &c->reqs[i];
         q->base.comm = &c->comm;

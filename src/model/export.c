@@ -56,13 +56,37 @@ uint32_t td_export_ggml_type(td_dtype t) {
     }
 }
 
+// The output types by name, in the order help lists them; hf: a model directory can hold it.
+static const struct {
+    const char *n;
+    int t;
+    bool hf;
+} EXPORT_TYPES[] = {{"f32", TD_F32, true},    {"f16", TD_F16, true},    {"bf16", TD_BF16, true},
+                    {"q8_0", TD_Q8_0, false}, {"q4_0", TD_Q4_0, false}, {"q5_0", TD_Q5_0, false},
+                    {"q4_k", TD_Q4_K, false}, {"q6_k", TD_Q6_K, false}, {"q4_k_m", TD_EXPORT_Q4_K_M, false}};
+#define N_EXPORT_TYPES (sizeof EXPORT_TYPES / sizeof EXPORT_TYPES[0])
+
 int td_export_parse_type(const char *s) {
-    static const struct { const char *n; td_dtype t; } T[] = {
-        {"f32", TD_F32}, {"f16", TD_F16}, {"bf16", TD_BF16}, {"q8_0", TD_Q8_0}, {"q4_0", TD_Q4_0},
-        {"q5_0", TD_Q5_0}, {"q4_k", TD_Q4_K}, {"q6_k", TD_Q6_K}, {"q4_k_m", (td_dtype)TD_EXPORT_Q4_K_M}};
-    for (size_t i = 0; s && i < sizeof T / sizeof T[0]; i++)
-        if (!strcasecmp(s, T[i].n)) return (int)T[i].t;
+    for (size_t i = 0; s && i < N_EXPORT_TYPES; i++)
+        if (!strcasecmp(s, EXPORT_TYPES[i].n)) return EXPORT_TYPES[i].t;
     return -1;
+}
+
+const char *td_export_type_list(char *buf, size_t cap, bool hf_only) {
+    size_t len = 0;
+    if (cap) buf[0] = 0;
+    for (size_t i = 0; i < N_EXPORT_TYPES; i++) {
+        if (hf_only && !EXPORT_TYPES[i].hf) continue;
+        const int n = snprintf(buf + len, len < cap ? cap - len : 0, "%s%s", len ? ", " : "", EXPORT_TYPES[i].n);
+        if (n > 0) len += (size_t)n;
+    }
+    return buf;
+}
+
+bool td_export_type_hf(int type) {
+    for (size_t i = 0; i < N_EXPORT_TYPES; i++)
+        if (EXPORT_TYPES[i].t == type) return EXPORT_TYPES[i].hf;
+    return false;
 }
 
 // ---- the tensors of a model -----------------------------------------------------------------

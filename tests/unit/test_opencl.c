@@ -335,8 +335,7 @@ static void test_unsupported(void) {
 
 int main(void) {
 #ifndef TANDEM_HAVE_OPENCL
-    printf("skipped: built without OpenCL\n");
-    return 77;
+    return td_test_skip("built without OpenCL");
 #else
     (void)fm_reference;  // test_forward_model.h's oracle: test_forward's
     // The CPU side runs the exact kernels (the OpenCL kernels never round activations).
@@ -345,8 +344,7 @@ int main(void) {
     td_backend_params bp = td_backend_default_params();
     bp.name = "opencl";
     if (td_backend_create(&bp, &g_ocl, &err) != TD_OK) {
-        printf("skipped: no OpenCL device (%s)\n", err.msg);
-        return 77;
+        return td_test_skip("no OpenCL device (%s)", err.msg);
     }
     td_backend_cpu_params cp = td_backend_cpu_default_params();
     cp.n_threads = 2, cp.kernels = "ref";

@@ -27,8 +27,7 @@
 
 #ifndef TANDEM_HAVE_OPENCL
 int main(void) {
-    printf("skipped: built without OpenCL\n");
-    return 77;
+    return td_test_skip("built without OpenCL");
 }
 #else
 
@@ -588,8 +587,7 @@ int main(void) {
     td_err err = {0};
     const td_status st = td_backend_create(&bp, &g_ocl, &err);
     if (st == TD_ERR_UNSUPPORTED) {
-        printf("skipped: no OpenCL device (%s)\n", err.msg);
-        return 77;
+        return td_test_skip("no OpenCL device (%s)", err.msg);
     }
     CHECK(st == TD_OK, "opencl backend: %s", err.msg);
     td_backend_cpu_params cp = td_backend_cpu_default_params();

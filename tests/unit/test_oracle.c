@@ -465,11 +465,10 @@ int main(void) {
     if (strcmp(be_name, "cpu")) {
         td_backend_params bp = td_backend_default_params();
         if (td_backend_create(&bp, &g_device, &err) != TD_OK) {
-            printf("skipped: %s\n", err.msg);
             for (int i = 0; i < o.np; i++) free(o.p[i].tok);
             free(o.greedy_prompt);
             cJSON_Delete(root);
-            return 77;
+            return td_test_skip("%s", err.msg);
         }
     }
     const td_kernels *k = td_kernels_get(NULL);

@@ -205,11 +205,8 @@ static void test_edges(void) {
 }
 
 static void test_cli(const char *log_a, const char *log_b) {
-    const char *bin = getenv("TANDEM_BIN");
-    if (!bin || !*bin || access(bin, F_OK) != 0) {
-        printf("tandem binary not built (TANDEM_BIN=%s): command-line checks skipped\n", bin ? bin : "");
-        return;
-    }
+    const char *bin = td_test_bin();
+    if (!bin) return;
     char cmd[6000], out[1200], errf[1200];
     snprintf(out, sizeof out, "%s/cli.png", work);
     snprintf(errf, sizeof errf, "%s/cli.err", work);

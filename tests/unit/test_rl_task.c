@@ -6,7 +6,7 @@
 // honoured in bounded time, its process group killed, no zombie), one that closes its output and
 // lingers, garbage / NaN / out-of-range / too many lines; malformed prompts files (line numbers);
 // `tandem rl data` output equal to the task's problems, --group, `tandem rl eval --json` on the
-// reference model (when TANDEM_BIN is set).
+// reference model (the binary: TANDEM_BIN, set by ctest).
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
@@ -520,11 +520,8 @@ static void test_file_task(void) {
 
 // `tandem rl data` writes exactly the task's problems, `prompt answer \n` per line.
 static void test_cli_data(void) {
-    const char *bin = getenv("TANDEM_BIN");
-    if (!bin || !*bin) {
-        printf("TANDEM_BIN not set: the CLI part is not run\n");
-        return;
-    }
+    const char *bin = td_test_bin();
+    if (!bin) return;
     for (int sp = 0; sp < 2; sp++) {
         char cmd[1024];
         snprintf(cmd, sizeof cmd, "%s rl data --n 500 --seed 11 --min-digits 3 --max-digits 5 --split %s -o - 2>/dev/null",

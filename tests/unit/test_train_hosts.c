@@ -59,8 +59,7 @@ static int read_losses(const char *path, char out[][48], int cap) {
 
 int main(void) {
 #ifndef TANDEM_HAVE_MPI
-    printf("skipped: built without MPI\n");
-    return 77;
+    return td_test_skip("built without MPI");
 #else
     // Under ASan the ranks run without LeakSanitizer (OpenMPI's unloaded components: see
     // test_train_mpi); the rest of ASan stays on.
@@ -74,15 +73,13 @@ int main(void) {
         TEST_DONE();
     }
     if (sh("command -v mpirun >/dev/null && command -v ip >/dev/null")) {
-        printf("skipped: mpirun or ip (iproute2) is not on PATH\n");
-        return 77;
+        return td_test_skip("mpirun or ip (iproute2) is not on PATH");
     }
     const int id = (int)(getpid() % 200) + 20;  // a subnet and names of this run's own
     snprintf(g_ns[0], sizeof g_ns[0], "tdhostA%d", (int)getpid());
     snprintf(g_ns[1], sizeof g_ns[1], "tdhostB%d", (int)getpid());
     if (sh("ip netns add %s 2>/dev/null", g_ns[0])) {
-        printf("skipped: cannot create network namespaces here (needs root)\n");
-        return 77;
+        return td_test_skip("cannot create network namespaces here (needs root)");
     }
     g_made = 1;
     atexit(cleanup);

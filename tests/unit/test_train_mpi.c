@@ -85,6 +85,9 @@ static pid_t start(int np, const char *tag, const char *const *extra) {
         if (!f || dup2(fileno(stdout), 2) < 0) _exit(127);
         setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
         setenv("OMPI_MCA_mpi_yield_when_idle", "1", 1);
+        char owner[32];
+        snprintf(owner, sizeof owner, "%d", (int)getppid());
+        setenv("TD_TEST_TRAIN_MPI_OWNER", owner, 1);  // find_rank's mark: ranks of this test's jobs
         no_leak_check();
         execv(argv[0], (char *const *)argv);
         _exit(127);
@@ -195,13 +198,15 @@ static void grad_bytes(const char *tag, long *params, long *grads) {
     if (f) fclose(f);
 }
 
-// The pid of the `tandem train` process that is MPI rank `rank` (its environment names it).
+// The pid of the `tandem train` process that is MPI rank `rank` of a job this process started (its
+// environment names both), never another test's on the same machine.
 static pid_t find_rank(int rank) {
     DIR *d = opendir("/proc");
     struct dirent *e;
     pid_t found = 0;
-    char want[48];
+    char want[48], mine[64];
     snprintf(want, sizeof want, "OMPI_COMM_WORLD_RANK=%d", rank);
+    snprintf(mine, sizeof mine, "TD_TEST_TRAIN_MPI_OWNER=%d", (int)getpid());
     while (d && (e = readdir(d)) && !found) {
         const pid_t pid = (pid_t)atoi(e->d_name);
         if (pid <= 0 || pid == getpid()) continue;
@@ -217,8 +222,12 @@ static pid_t find_rank(int rank) {
         f = fopen(p, "r");
         n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
         if (f) fclose(f);
-        for (size_t i = 0; i < n; i += strlen(buf + i) + 1)
-            if (!strcmp(buf + i, want)) found = pid;
+        bool is_rank = false, ours = false;  // another copy's ranks (a second ctest) are not ours
+        for (size_t i = 0; i < n; i += strlen(buf + i) + 1) {
+            is_rank |= !strcmp(buf + i, want);
+            ours |= !strcmp(buf + i, mine);
+        }
+        if (is_rank && ours) found = pid;
     }
     if (d) closedir(d);
     return found;
@@ -226,8 +235,7 @@ static pid_t find_rank(int rank) {
 
 int main(void) {
 #ifndef TANDEM_HAVE_MPI
-    printf("skipped: built without MPI\n");
-    return 77;
+    return td_test_skip("built without MPI");
 #else
     g_bin = getenv("TANDEM_BIN");
     if (!g_bin || access(g_bin, X_OK)) {
@@ -235,10 +243,11 @@ int main(void) {
         TEST_DONE();
     }
     if (!find_mpirun()) {
-        printf("skipped: mpirun is not on PATH\n");
-        return 77;
+        return td_test_skip("mpirun is not on PATH");
     }
-    snprintf(g_dir, sizeof g_dir, "%s/train_mpi_test", td_test_data_dir());
+    // A directory of this process's own: two copies sharing TANDEM_TEST_DATA (two checkouts'
+    // ctest runs) would otherwise write the same metrics files. Removed when everything passed.
+    snprintf(g_dir, sizeof g_dir, "%s/train_mpi_test.%d", td_test_data_dir(), (int)getpid());
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", g_dir, g_dir);
     CHECK(system(cmd) == 0, "mkdir %s", g_dir);
@@ -399,6 +408,12 @@ int main(void) {
         CHECK(nr == KILL_STEPS && lines >= KILL_STEPS && bad == 0,
               "killed and restarted: %d logged steps, %d differ from the uninterrupted run (%d reference lines)", lines,
               bad, nr);
+    }
+    if (!td_test_failed) {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+        if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", g_dir);
+    } else {
+        printf("logs kept in %s\n", g_dir);
     }
     TEST_DONE();
 #endif
