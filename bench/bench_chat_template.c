@@ -9,6 +9,7 @@
 
 #include "base/file.h"
 #include "base/log.h"
+#include "jinja/jinja.h"
 #include "tokenizer/chat_template.h"
 
 static cJSON *conversation(int n, const cJSON *cfg) {
@@ -46,11 +47,11 @@ int main(int argc, char **argv) {
         const char *src = NULL;
         if (td_chat_template_pick(cfg, NULL, 0, &src, &err) != TD_OK) return fprintf(stderr, "%s: %s\n", path, err.msg), 1;
         int reps = 200;
-        td_chat_template *t = NULL;
+        td_jinja_template *t = NULL;
         double t0 = td_now();
         for (int r = 0; r < reps; r++) {
-            td_chat_template_free(t);
-            if (td_chat_template_compile(src, strlen(src), &t, &err) != TD_OK) return fprintf(stderr, "%s\n", err.msg), 1;
+            td_jinja_free(t);
+            if (td_jinja_compile(src, strlen(src), &t, &err) != TD_OK) return fprintf(stderr, "%s\n", err.msg), 1;
         }
         double compile_us = (td_now() - t0) / reps * 1e6;
         int sizes[] = {10, 100, 1000};
@@ -61,7 +62,7 @@ int main(int argc, char **argv) {
             t0 = td_now();
             for (int r = 0; r < n; r++) {
                 char *out = NULL;
-                if (td_chat_template_render(t, ctx, &out, &out_len, &err) != TD_OK) return fprintf(stderr, "%s\n", err.msg), 1;
+                if (td_jinja_render(t, ctx, &out, &out_len, &err) != TD_OK) return fprintf(stderr, "%s\n", err.msg), 1;
                 free(out);
             }
             double render_us = (td_now() - t0) / n * 1e6;
@@ -70,7 +71,7 @@ int main(int argc, char **argv) {
                    path, sizes[s], compile_us, render_us, out_len);
             cJSON_Delete(ctx);
         }
-        td_chat_template_free(t);
+        td_jinja_free(t);
         cJSON_Delete(cfg);
     }
     return 0;

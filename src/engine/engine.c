@@ -21,6 +21,7 @@
 #include "engine/sched.h"
 #include "engine/stop.h"
 #include "grammar/grammar.h"
+#include "jinja/jinja.h"
 #include "kernels/kernels.h"
 #include "model/forward.h"
 #include "tokenizer/chat_template.h"
@@ -119,7 +120,7 @@ struct td_eng {
     char *model_name, *chat_src;
     const td_model *m;
     const td_tokenizer *tok;
-    td_chat_template *tmpl;
+    td_jinja_template *tmpl;
     char tmpl_err[256];
     int vocab, max_ctx, kv_dim, n_layers;
     int32_t eos[TD_MAX_EOS + 1];
@@ -1703,39 +1704,6 @@ static long i_detokenize(void *ctx, const int32_t *ids, int n, char *out, size_t
     return (long)len;
 }
 
-// Joins text parts ([{type: text, text}]) into one string, as vLLM does for string templates.
-static cJSON *normalize_messages(const cJSON *messages) {
-    cJSON *m = cJSON_Duplicate(messages, 1);
-    if (!m) return NULL;
-    for (cJSON *msg = m->child; msg; msg = msg->next) {
-        cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
-        if (!cJSON_IsArray(c)) continue;
-        size_t n = 0;
-        for (cJSON *p = c->child; p; p = p->next) {
-            cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "text");
-            if (cJSON_IsString(t)) n += strlen(t->valuestring);
-        }
-        char *s = malloc(n + 1);
-        if (!s) {
-            cJSON_Delete(m);
-            return NULL;
-        }
-        n = 0;
-        for (cJSON *p = c->child; p; p = p->next) {
-            cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "text");
-            if (cJSON_IsString(t)) {
-                size_t k = strlen(t->valuestring);
-                memcpy(s + n, t->valuestring, k);
-                n += k;
-            }
-        }
-        s[n] = 0;
-        cJSON_ReplaceItemInObjectCaseSensitive(msg, "content", cJSON_CreateString(s));
-        free(s);
-    }
-    return m;
-}
-
 static td_status i_chat(void *ctx, const cJSON *messages, const cJSON *body, bool add_gen, char **out, size_t *len,
                         td_err *err) {
     td_eng *e = ctx;
@@ -1744,31 +1712,16 @@ static td_status i_chat(void *ctx, const cJSON *messages, const cJSON *body, boo
         return td_err_set(err, TD_ERR_UNSUPPORTED, "%s",
                           e->tmpl_err[0] ? e->tmpl_err
                                          : "this model has no chat template; start the server with --chat-template FILE");
-    cJSON *c = cJSON_CreateObject();
-    cJSON *msgs = normalize_messages(messages);
-    if (!c || !msgs) {
-        cJSON_Delete(c);
-        cJSON_Delete(msgs);
-        return td_err_set(err, TD_ERR_NOMEM, "out of memory");
-    }
-    cJSON_AddItemToObject(c, "messages", msgs);
-    cJSON_AddBoolToObject(c, "add_generation_prompt", add_gen);
-    const char *bos = td_tokenizer_bos_token(e->tok), *eos = td_tokenizer_eos_token(e->tok);
-    cJSON_AddStringToObject(c, "bos_token", bos ? bos : "");
-    cJSON_AddStringToObject(c, "eos_token", eos ? eos : "");
-    const char *extra[] = {"tools", "documents"};
-    for (int i = 0; i < 2 && body; i++) {
-        const cJSON *x = cJSON_GetObjectItemCaseSensitive(body, extra[i]);
-        if (x && !cJSON_IsNull(x)) cJSON_AddItemToObject(c, extra[i], cJSON_Duplicate(x, 1));
-    }
-    const cJSON *kw = body ? cJSON_GetObjectItemCaseSensitive(body, "chat_template_kwargs") : NULL;
-    if (cJSON_IsObject(kw))
-        for (const cJSON *x = kw->child; x; x = x->next)
-            if (x->string && !cJSON_GetObjectItemCaseSensitive(c, x->string))
-                cJSON_AddItemToObject(c, x->string, cJSON_Duplicate(x, 1));
-    td_status st = td_chat_template_render(e->tmpl, c, out, len, err);
-    cJSON_Delete(c);
-    return st;
+    td_chat_params cp = {
+        .messages = messages,
+        .add_generation_prompt = add_gen,
+        .bos_token = td_tokenizer_bos_token(e->tok),
+        .eos_token = td_tokenizer_eos_token(e->tok),
+        .tools = body ? cJSON_GetObjectItemCaseSensitive(body, "tools") : NULL,
+        .documents = body ? cJSON_GetObjectItemCaseSensitive(body, "documents") : NULL,
+        .kwargs = body ? cJSON_GetObjectItemCaseSensitive(body, "chat_template_kwargs") : NULL,
+    };
+    return td_chat_template_apply(e->tmpl, &cp, out, len, err);
 }
 
 static const td_engine_iface eng_iface = {
@@ -1850,7 +1803,7 @@ td_status td_eng_create(const td_model *m, const td_tokenizer *tok, const td_eng
     const char *src = p.chat_template ? p.chat_template : td_tokenizer_chat_template(tok);
     if (src) {
         td_err terr = {0};
-        if (td_chat_template_compile(src, strlen(src), &e->tmpl, &terr) != TD_OK) {
+        if (td_jinja_compile(src, strlen(src), &e->tmpl, &terr) != TD_OK) {
             if (p.chat_template) {
                 st = td_err_set(err, TD_ERR_INVALID, "engine: --chat-template: %s", terr.msg);
                 goto fail;
@@ -2012,7 +1965,7 @@ void td_eng_free(td_eng *e) {
     td_sampler_free(e->smp);
     td_grammar_cache_free(e->gcache);
     td_gvocab_free(e->gvocab);
-    td_chat_template_free(e->tmpl);
+    td_jinja_free(e->tmpl);
     free(e->b_tok), free(e->b_pos), free(e->b_seq), free(e->b_want), free(e->tables), free(e->kvl);
     free(e->meta), free(e->logits), free(e->scratch), free(e->text), free(e->tail), free(e->top_ids);
     free(e->top_lps), free(e->hidden), free(e->emb_acc), free(e->emb_act), free(e->emb_tables), free(e->emb_kvl), free(e->slots), free(e->free_slots), free(e->model_name);

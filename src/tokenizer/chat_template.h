@@ -1,53 +1,37 @@
-// Chat templates: a Jinja engine for the `chat_template` of tokenizer_config.json, written to render
-// byte-identically to @huggingface/jinja (the engine of transformers.js), quirks included.
-// It is not full Jinja2: no autoescape, no inheritance/include, no user-supplied filters or tests.
-// Known differences from the original: `**` with non-integer or huge results may differ in the last
-// digit (V8 uses fdlibm's pow, we use libm's); tojson(sort_keys=true) orders keys by UTF-16 code units
-// where JS uses localeCompare; strftime_now() uses the C library's local time; a lone UTF-16
-// surrogate (e.g. from indexing into an emoji) is emitted as its 3-byte encoding.
+// Chat templates: a model's Jinja template (jinja/jinja.h) applied to a conversation as
+// transformers' apply_chat_template does: the variables a template expects (messages,
+// add_generation_prompt, bos_token, eos_token, tools, documents, extra keyword arguments), and the
+// choice among the templates of a tokenizer_config.json. The template language itself is jinja/.
 #ifndef TD_TOKENIZER_CHAT_TEMPLATE_H
 #define TD_TOKENIZER_CHAT_TEMPLATE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <cjson/cJSON.h>
 
 #include "base/status.h"
+#include "jinja/jinja.h"
 
-// A compiled template: immutable after compile, so any number of threads may render it at once.
-typedef struct td_chat_template td_chat_template;
+// One conversation to render. Everything is borrowed and only read.
+typedef struct td_chat_params {
+    const cJSON *messages;       // [{role, content, ...}]; a content given as a list of parts
+                                 // ([{type: text, text}]) is joined into one string, as vLLM does
+    bool add_generation_prompt;  // end with the assistant's header
+    const char *bos_token;       // NULL: ""
+    const char *eos_token;       // NULL: ""
+    const cJSON *tools;          // NULL or JSON null: no `tools` variable
+    const cJSON *documents;      // NULL or JSON null: no `documents` variable
+    const cJSON *kwargs;         // an object of extra variables (chat_template_kwargs); never
+                                 // replaces one of the above. NULL or not an object: none
+} td_chat_params;
 
-// Caps that keep a hostile or buggy template from running away. Exceeding one is TD_ERR_LIMIT.
-typedef struct td_chat_template_limits {
-    size_t max_output;  // bytes of rendered text
-    size_t max_memory;  // bytes of scratch memory (strings, lists, scopes) per render
-    size_t max_steps;   // evaluated nodes per render (bounds loops)
-    int max_depth;      // nested evaluation depth (macro recursion, deep expressions); the default
-                        // (400) needs about 256 KiB of thread stack in an optimised build
-} td_chat_template_limits;
-
-// Defaults: 64 MiB output, 512 MiB scratch, 50M steps, depth 400.
-
-td_chat_template_limits td_chat_template_default_limits(void);
-
-// Compiles src[0..len) (UTF-8; need not be NUL-terminated). Syntax errors return TD_ERR_INVALID with
-// "line L, column C" (1-based, counted in the original source) in err. On success *out is owned by the
-// caller (td_chat_template_free). Preprocessing matches @huggingface/jinja's Template: one trailing
-// newline dropped, lstrip_blocks and trim_blocks on, {% generation %} tags removed.
-td_status td_chat_template_compile(const char *src, size_t len, td_chat_template **out, td_err *err);
-
-// Renders with the variables of ctx, a cJSON object (messages, add_generation_prompt, bos_token,
-// eos_token, tools, ... anything; ctx may be NULL). ctx is only read. On success *out is a malloc'd,
-// NUL-terminated string the caller frees and *len (if non-NULL) its length. On failure *out is NULL and
-// err says why: TD_ERR_INVALID for template errors, including raise_exception('msg') (message
-// "raise_exception: msg"), TD_ERR_LIMIT for a cap, TD_ERR_NOMEM for allocation failure.
-td_status td_chat_template_render(const td_chat_template *t, const cJSON *ctx, char **out, size_t *len,
-                                  td_err *err);
-td_status td_chat_template_render_limits(const td_chat_template *t, const cJSON *ctx,
-                                         const td_chat_template_limits *limits, char **out, size_t *len,
-                                         td_err *err);
-
-void td_chat_template_free(td_chat_template *t);
+// Renders t (td_jinja_compile of the model's template) with p's variables and the default limits.
+// On success *out is a malloc'd, NUL-terminated string the caller frees and *len (if non-NULL) its
+// length; on failure *out is NULL and err says why (td_jinja_render's codes; TD_ERR_INVALID for
+// NULL t, p or messages).
+td_status td_chat_template_apply(const td_jinja_template *t, const td_chat_params *p, char **out, size_t *len,
+                                 td_err *err);
 
 // Picks the template source from a parsed tokenizer_config.json, as transformers.js does: its
 // "chat_template" is a string, or a list of {"name", "template"} from which `name` is taken when given,

@@ -1,6 +1,6 @@
 // End-to-end test of tandem's OpenAI-compatible server with the official `openai` npm client and raw
 // fetch. Started by tests/unit/test_server_e2e.c against the deterministic mock engine
-// (src/server/serve_mock.h): byte tokens (id = byte + 3, BOS 0), template "role: content\n...assistant:",
+// (tests/unit/serve_mock.h): byte tokens (id = byte + 3, BOS 0), template "role: content\n...assistant:",
 // choice j repeats the prompt's bytes from byte j, EOS before '!', logprob -0.5, alternatives -1.5, ...
 // Usage: node tests/e2e/openai_client.test.js --port N --port2 M   (M: a server with max_connections 4)
 'use strict';

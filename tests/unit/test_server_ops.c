@@ -12,7 +12,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "server/serve_mock.h"
+#include "serve_mock.h"
 #include "server/server.h"
 #include "http_test.h"
 #include "test_util.h"

@@ -22,7 +22,7 @@
 
 #include "base/log.h"
 #include "server/openai.h"
-#include "server/serve_mock.h"
+#include "serve_mock.h"
 #include "server/server.h"
 #include "test_util.h"
 

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "base/log.h"
-#include "server/serve_mock.h"
+#include "serve_mock.h"
 #include "server/server.h"
 #include "serve_proc.h"
 #include "test_util.h"

@@ -6,7 +6,6 @@
 #include "kernels/x86/x86.h"
 
 #ifdef TD_KERNELS_X86
-#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -15,14 +14,6 @@
 
 #include "kernels/ref/ref.h"
 #include "kernels/x86/tiles.h"
-
-int td_x86_has_avx2(void) {
-    unsigned a, b, c, d;
-    __builtin_cpu_init();
-    // F16C is not a __builtin_cpu_supports name in every compiler: CPUID leaf 1, ECX bit 29.
-    const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
-    return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
 
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)

@@ -1,5 +1,6 @@
 // AVX-512 row and element kernels (rmsnorm, silu_mul, add, rope, attention) and the two AVX-512
-// kernel tables; the matmuls are in avx512_matmul.c. Each kernel keeps the reference's work split
+// kernel tables; the matmuls are in avx512_matmul.c (exact), avx512_int8.c and avx512_vnni16.c
+// (the int8 table's matmul picks among the three). Each kernel keeps the reference's work split
 // and numerics up to f32 reordering (exp by a ~1-ulp polynomial); attention reads f32, f16 and
 // bf16 caches, kv_write rounds into them. embed reuses the reference. Not here: an AVX2-only table.
 #include "kernels/x86/x86.h"
@@ -11,15 +12,6 @@
 #include "base/threadpool.h"
 #include "kernels/ref/ref.h"
 #include "kernels/x86/avx512_impl.h"
-
-int td_x86_has_avx512(void) {
-    return td_x86_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("bmi2");
-}
-
-int td_x86_has_avx512_int8(void) {
-    return td_x86_has_avx512() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16");
-}
 
 TD_X86_TARGET_BEGIN
 
@@ -468,9 +460,17 @@ const td_kernels td_kernels_avx512 = {
     .add = add,
 };
 
+// The int8 set's matmul: packed weights to avx512_vnni16.c, the dtypes with an int8 path to
+// avx512_int8.c, the rest (F32, F16) to the exact path.
+static void matmul_int8(const td_matmul_args *a, int ith, int nth) {
+    if (a->w->packing == TD_PACK_VNNI16 && a->w->packed) td_avx512_matmul_vnni16(a, ith, nth);
+    else if (td_avx512_int8_dtype(a->w->type)) td_avx512_matmul_int8(a, ith, nth);
+    else td_avx512_matmul(a, ith, nth);
+}
+
 const td_kernels td_kernels_avx512_int8 = {
     .name = "avx512-int8",
-    .matmul = td_avx512_matmul_int8,
+    .matmul = matmul_int8,
     .rmsnorm = rmsnorm,
     .rope = rope,
     .kv_write = kv_write,

@@ -1,10 +1,13 @@
-// Internal to src/kernels/x86: the target switch and the vector helpers the AVX-512 files share.
+// Internal to src/kernels/x86: the target switch and the vector helpers the AVX-512 files share,
+// below all of them with the one out-of-line helper, avx512_quant.c: a kernel file that needs a
+// helper never calls into a sibling kernel file (only the tables in avx512.c combine their entry points).
 // Include <immintrin.h> first, then open a TD_X86_TARGET_BEGIN ... TD_X86_TARGET_END region: the
 // functions inside are compiled for AVX-512 while the rest of the library stays generic x86-64.
 #ifndef TD_KERNELS_X86_AVX512_IMPL_H
 #define TD_KERNELS_X86_AVX512_IMPL_H
 
 #include <immintrin.h>
+#include <stdint.h>
 
 #include "kernels/kernels.h"
 
@@ -135,19 +138,27 @@ static inline __m512 td_x86_exp(__m512 x) {
     return _mm512_scalef_ps(p, k);  // p * 2^k, handles k = 128 (x near 88.7) without overflowing early
 }
 
-TD_X86_TARGET_END
-
-void td_avx512_matmul(const td_matmul_args *a, int ith, int nth);
-void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth);
-// Activations per 256-element super-block as ggml's Q8_K (avx512_int8.c): q ~ x / d, bsums[b] =
-// sum of q over elements 16b .. 16b+15. td_x86_quantize_q8k quantizes nb super-blocks of x.
+// Activations per 256-element super-block as ggml's Q8_K, for the int8 family's k-quant paths
+// (avx512_int8.c, avx512_vnni16.c): q ~ x / d, bsums[b] = sum of q over elements 16b .. 16b+15.
 typedef struct {
     int8_t q[256];
     int16_t bsums[16];
     float d;
     float pad[7];  // 64-byte multiple
 } td_x86_q8k;
+
+TD_X86_TARGET_END
+
+// Quantizes nb super-blocks of x (avx512_quant.c).
 void td_x86_quantize_q8k(const float *x, int nb, td_x86_q8k *out);
+
+// The matmul entry points of the AVX-512 kernel files; the tables in avx512.c combine them.
+void td_avx512_matmul(const td_matmul_args *a, int ith, int nth);  // avx512_matmul.c: exact, every dtype
+// avx512_int8.c: low-precision activations, for the dtypes td_avx512_int8_dtype accepts only.
+void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth);
+static inline int td_avx512_int8_dtype(td_dtype t) {
+    return t == TD_Q4_K || t == TD_Q6_K || t == TD_Q8_0 || t == TD_Q4_0 || t == TD_Q5_0 || t == TD_BF16;
+}
 
 // TD_PACK_VNNI16 (avx512_vnni16.c): Q8_0/Q4_0 weights packed for the int8 family.
 size_t td_vnni16_pack_bytes(const td_tensor *w);

@@ -2,7 +2,8 @@
 // activations quantized per 32-element block to int8 + f32 scale, integer dots with VNNI vpdpbusd;
 // Q4_K/Q6_K weights against activations quantized per 256 (ggml's Q8_K: f32 scale, int8, per-16 sums)
 // with integer dots scaled per sub-block (vpmaddubsw + vpmaddwd); Q5_0 as Q4_0 with a fifth bit;
-// BF16 weights with vdpbf16ps on bf16-rounded activations; other dtypes go to the exact path.
+// BF16 weights with vdpbf16ps on bf16-rounded activations. The set's matmul (avx512.c) sends other
+// dtypes to the exact path and packed weights to avx512_vnni16.c.
 // Compiled for AVX-512 + VNNI + BF16 (td_x86_has_avx512_int8). Batch-invariant as the exact path:
 // each (row, token) pair has one accumulator and a token's quantization depends only on it.
 #include "kernels/x86/x86.h"
@@ -12,9 +13,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "base/status.h"
 #include "base/threadpool.h"
 #include "kernels/x86/avx512_impl.h"
-#include "kernels/x86/tiles.h"
 
 TD_X86_TARGET_INT8_BEGIN
 
@@ -319,38 +320,12 @@ static void q5_int8_decode(const td_matmul_args *a, int ith, int nth) { int8_mat
 
 // ---- k-quants (Q4_K, Q6_K weights) -------------------------------------------------------------
 
-// Activations per 256-element super-block as ggml's Q8_K: amax = max|x|, q = round-half-even(x *
-// (127 / amax)) (in f32), d = 1 / (127 / amax) (f32), so x ~ d q; bsums[b] = sum of q over elements
-// 16b .. 16b+15 (the min / offset terms then cost one vpmaddwd per super-block). ggml takes the
-// scale's sign from the largest element; d q is the same value either way.
+// Activations per 256-element super-block as ggml's Q8_K: td_x86_quantize_q8k (avx512_impl.h).
 typedef td_x86_q8k xblock_k;
 
 enum {
     KQ_CHUNK = 8,  // super-blocks (2048 elements) of each token's activations quantized at a time
 };
-
-void td_x86_quantize_q8k(const float *x, int nb, td_x86_q8k *out) {
-    for (int b = 0; b < nb; b++, x += TD_QK_K) {
-        __m512 m = _mm512_setzero_ps();
-        for (int i = 0; i < TD_QK_K; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
-        const float amax = _mm512_reduce_max_ps(m);
-        xblock_k *o = &out[b];
-        if (amax == 0.0f) {
-            memset(o->q, 0, sizeof o->q);
-            memset(o->bsums, 0, sizeof o->bsums);
-            o->d = 0.0f;
-            continue;
-        }
-        const float iscale = 127.0f / amax;
-        o->d = 1.0f / iscale;
-        const __m512 is = _mm512_set1_ps(iscale);
-        for (int i = 0; i < TD_QK_K; i += 16) {
-            const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), is));
-            _mm_storeu_si128((__m128i *)(o->q + i), _mm512_cvtsepi32_epi8(v));
-            o->bsums[i / 16] = (int16_t)_mm512_reduce_add_epi32(v);
-        }
-    }
-}
 
 // A Q4_K super-block's 8 scales and 8 mins as 16 bytes (sc[0..7], m[0..7]), from the packing
 // of td_q4_k_scale_min, four at a time in 32-bit words.
@@ -488,10 +463,6 @@ static void q6k_int8_prefill(const td_matmul_args *a, int ith, int nth) { kq_mat
 static void q6k_int8_decode(const td_matmul_args *a, int ith, int nth) { kq_matmul(1, I8_DR, 1, a, ith, nth); }
 
 void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth) {
-    if (a->w->packing == TD_PACK_VNNI16 && a->w->packed) {
-        td_avx512_matmul_vnni16(a, ith, nth);
-        return;
-    }
     const int decode = a->n_tok == 1;
     switch (a->w->type) {
     case TD_Q4_K: (decode ? q4k_int8_decode : q4k_int8_prefill)(a, ith, nth); break;
@@ -500,7 +471,7 @@ void td_avx512_matmul_int8(const td_matmul_args *a, int ith, int nth) {
     case TD_Q4_0: (decode ? q4_int8_decode : q4_int8_prefill)(a, ith, nth); break;
     case TD_Q5_0: (decode ? q5_int8_decode : q5_int8_prefill)(a, ith, nth); break;
     case TD_BF16: (decode ? bf16x_decode : bf16x_prefill)(a, ith, nth); break;
-    default: td_avx512_matmul(a, ith, nth); break;
+    default: TD_ASSERT(!"no int8 path for this dtype: td_avx512_int8_dtype sends it to the exact one"); break;
     }
 }
 

@@ -15,6 +15,7 @@ extern const td_kernels td_kernels_avx512;
 extern const td_kernels td_kernels_avx512_int8;
 // AVX2 + FMA + F16C: exact matmul for every dtype; the other kernels are the reference's.
 extern const td_kernels td_kernels_avx2;
+// CPU-feature tests (features.c):
 int td_x86_has_avx2(void);         // the features td_kernels_avx2 needs
 int td_x86_has_avx512(void);       // the features td_kernels_avx512 needs
 int td_x86_has_avx512_int8(void);  // ... plus AVX512-VNNI and AVX512-BF16

@@ -1,7 +1,7 @@
-// Chat templates, values: the JavaScript semantics that @huggingface/jinja inherits and that show up in
-// rendered text: Number#toString, JSON.stringify, UTF-16 string length/indexing, String#trim,
-// toUpperCase/toLowerCase (full case mapping: utf8proc plus SpecialCasing), parseInt/parseFloat.
-// No evaluation here; see chat_template_eval.c.
+// Jinja values' foundations: the arena, and the JavaScript semantics that @huggingface/jinja
+// inherits and that show up in rendered text: Number#toString, JSON.stringify, UTF-16 string
+// length/indexing, String#trim, toUpperCase/toLowerCase (full case mapping: utf8proc plus
+// SpecialCasing), parseInt/parseFloat. No evaluation here; see eval.c.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +9,86 @@
 
 #include <utf8proc.h>
 
-#include "tokenizer/chat_template_value.h"
+#include "jinja/value.h"
+
+// ---------------------------------------------------------------------------------------------
+// arena
+
+void *td_jinja_alloc(td_jinja_arena *a, size_t n) {
+    if (a->failed) return NULL;
+    n = (n + 15) & ~(size_t)15;
+    td_jinja_chunk *c = a->head;
+    if (!c || c->cap - c->used < n) {
+        // fixed 64 KiB chunks stay below malloc's mmap threshold (no page faults per render);
+        // bigger requests get a chunk of their own size
+        size_t cap = n > (64u << 10) - sizeof(td_jinja_chunk) ? n : (64u << 10) - sizeof(td_jinja_chunk);
+        if (a->budget && a->total + cap + sizeof(td_jinja_chunk) > a->budget) {
+            a->failed = 2;
+            return NULL;
+        }
+        td_jinja_chunk *nc = malloc(sizeof(td_jinja_chunk) + cap);
+        if (!nc) {
+            a->failed = 1;
+            return NULL;
+        }
+        nc->cap = cap;
+        nc->used = 0;
+        nc->next = a->head;
+        a->head = nc;
+        a->total += cap + sizeof(td_jinja_chunk);
+        c = nc;
+    }
+    void *p = c->data + c->used;
+    c->used += n;
+    a->last_end = NULL;
+    return p;
+}
+
+char *td_jinja_strdup(td_jinja_arena *a, const char *s, size_t n) {
+    char *p = td_jinja_alloc(a, n + 1);
+    if (!p) return NULL;
+    if (n) memcpy(p, s, n);
+    p[n] = 0;
+    return p;
+}
+
+char *td_jinja_concat(td_jinja_arena *a, const char *s1, size_t n1, const char *s2, size_t n2) {
+    if (a->failed) return NULL;
+    td_jinja_chunk *c = a->head;
+    int growing = n1 && a->last_end && s1 + n1 == a->last_end;
+    if (growing && c) {  // s1 is the string most recently built at the top of the current chunk
+        size_t end = (size_t)(s1 + n1 - c->data);
+        size_t used = (end + n2 + 1 + 15) & ~(size_t)15;
+        if (used <= c->cap) {
+            memcpy((char *)s1 + n1, s2, n2);
+            ((char *)s1)[n1 + n2] = 0;
+            c->used = used;
+            a->last_end = (char *)s1 + n1 + n2;
+            return (char *)s1;
+        }
+    }
+    size_t want = n1 + n2 + 1;
+    size_t ask = growing ? want * 2 : want;  // leave room to keep growing in place
+    char *p = td_jinja_alloc(a, ask);
+    if (!p) return NULL;
+    a->head->used -= ((ask + 15) & ~(size_t)15) - ((want + 15) & ~(size_t)15);
+    if (n1) memcpy(p, s1, n1);
+    if (n2) memcpy(p + n1, s2, n2);
+    p[n1 + n2] = 0;
+    a->last_end = p + n1 + n2;
+    return p;
+}
+
+void td_jinja_arena_free(td_jinja_arena *a) {
+    td_jinja_chunk *c = a->head;
+    while (c) {
+        td_jinja_chunk *n = c->next;
+        free(c);
+        c = n;
+    }
+    a->head = NULL;
+    a->total = 0;
+}
 
 // ---- Number#toString (ECMA-262 Number::toString, radix 10) ----
 size_t td_jinja_num_str(double x, char *out) {

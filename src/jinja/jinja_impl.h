@@ -1,12 +1,12 @@
-// Internals of the chat-template engine, shared by chat_template.c (preprocess, lexer, parser),
-// chat_template_value.c (values, JS-compatible strings/numbers/JSON) and chat_template_eval.c
-// (interpreter). Not a public header.
-#ifndef TD_TOKENIZER_CHAT_TEMPLATE_IMPL_H
-#define TD_TOKENIZER_CHAT_TEMPLATE_IMPL_H
+// Internals of the Jinja engine, shared by lex.c and parse.c (UTF-8, preprocessing, lexer, parser),
+// value.c (arena, JS-compatible strings/numbers), eval.c (interpreter) and filters.c
+// (filters and tests). Not a public header.
+#ifndef TD_JINJA_JINJA_IMPL_H
+#define TD_JINJA_JINJA_IMPL_H
 
 #include <stdint.h>
 
-#include "tokenizer/chat_template.h"
+#include "jinja/jinja.h"
 
 // ---- arena: bump allocator, freed all at once; the render arena has a byte budget ----
 typedef struct td_jinja_chunk {
@@ -53,13 +53,13 @@ struct td_jinja_node {
     double num;      // JN_INT, JN_FLOAT
     const char *s;   // JN_TEXT/JN_STR value, JN_IDENT/JN_MACRO/JN_KWARG name, JN_TEST test name
     size_t slen;
-    td_jinja_node *a, *b, *c;        // see chat_template.c: parse_* for each kind's use
+    td_jinja_node *a, *b, *c;        // see parse.c: parse_* for each kind's use
     td_jinja_node **list, **list2;   // children lists (args, bodies, keys/values)
     size_t n, n2;
     int uses_kwargs, uses_varargs;   // JN_MACRO / JN_CALLSTMT: body reads kwargs / varargs
 };
 
-struct td_chat_template {
+struct td_jinja_template {
     char *src;  // original source (for line/column of runtime errors)
     size_t src_len;
     td_jinja_arena arena;  // owns the AST and decoded strings

@@ -1,6 +1,6 @@
 // Deterministic mock engine (see serve_mock.h). One thread, a list of requests under one mutex; sink
 // callbacks are made without the mutex held, so they may call back into submit/cancel.
-#include "server/serve_mock.h"
+#include "serve_mock.h"
 
 #include <pthread.h>
 #include <stdio.h>

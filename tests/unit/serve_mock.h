@@ -1,12 +1,13 @@
-// A deterministic mock engine behind td_engine, for testing the HTTP layer (and for `serve --mock`).
+// A deterministic mock engine behind td_engine, for testing the HTTP layer: test code only, linked
+// into the tests that include this header (CMakeLists.txt), never into the library or `tandem`.
 // Byte tokenizer (id = byte + 3; 0 BOS, 1 EOS), a "role: content\n" chat template, and generation on
 // its own thread in steps (one token per running choice per step): choice j of a request emits the
 // prompt's bytes cyclically starting at byte j, EOS where the next byte would be '!' (unless
 // ignore_eos), applies stop strings (engine/stop.h) and stop_token_ids, and reports logprobs:
 // sampled token -0.5, alternatives -1.5, -2.5, ... (ids token+1, token+2, ... wrapped over bytes).
 // Not a model; never use it to judge output quality.
-#ifndef TD_SERVER_SERVE_MOCK_H
-#define TD_SERVER_SERVE_MOCK_H
+#ifndef TD_TESTS_SERVE_MOCK_H
+#define TD_TESTS_SERVE_MOCK_H
 
 #include "engine/serve_api.h"
 

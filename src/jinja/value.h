@@ -1,8 +1,8 @@
-// JavaScript-compatible string and number helpers for the chat-template engine (internal header).
-#ifndef TD_TOKENIZER_CHAT_TEMPLATE_VALUE_H
-#define TD_TOKENIZER_CHAT_TEMPLATE_VALUE_H
+// JavaScript-compatible string and number helpers for the Jinja engine (internal header; value.c).
+#ifndef TD_JINJA_VALUE_H
+#define TD_JINJA_VALUE_H
 
-#include "tokenizer/chat_template_impl.h"
+#include "jinja/jinja_impl.h"
 
 size_t td_jinja_num_str(double x, char *out);    // Number#toString; out >= 32 bytes
 size_t td_jinja_float_str(double x, char *out);  // jinja FloatValue#toString ("1.0", "-0.0")
