@@ -26,7 +26,7 @@
 #include "base/file.h"
 #include "http_test.h"
 #include "serve_proc.h"
-#include "server/serve_mock.h"
+#include "serve_mock.h"
 #include "server/server.h"
 #include "test_util.h"
 
