@@ -142,8 +142,7 @@ static td_status cur_str(cursor *c, td_gguf_str *out, const char *item) {
     return TD_OK;
 }
 
-// Bytes of one scalar of a metadata type; 0 for STRING/ARRAY/unknown.
-static size_t scalar_size(uint32_t t) {
+size_t td_gguf_scalar_size(uint32_t t) {
     switch (t) {
     case TD_GGUF_UINT8: case TD_GGUF_INT8: case TD_GGUF_BOOL: return 1;
     case TD_GGUF_UINT16: case TD_GGUF_INT16: return 2;
@@ -161,7 +160,7 @@ static const char *gguf_type_name(uint32_t t) {
 
 // Skips a value of type t (used for nested arrays, which are validated but not indexed).
 static td_status skip_value(cursor *c, uint32_t t, int depth, const char *key) {
-    size_t ss = scalar_size(t);
+    size_t ss = td_gguf_scalar_size(t);
     if (ss) {
         td_status s = cur_need(c, ss, key);
         if (s) return s;
@@ -181,7 +180,7 @@ static td_status skip_value(cursor *c, uint32_t t, int depth, const char *key) {
     uint64_t n;
     td_status s;
     if ((s = cur_u32(c, &et, key)) || (s = cur_u64(c, &n, key))) return s;
-    size_t es = scalar_size(et);
+    size_t es = td_gguf_scalar_size(et);
     uint64_t min = es ? es : et == TD_GGUF_STRING ? 8 : 12;
     if (es == 0 && et != TD_GGUF_STRING && et != TD_GGUF_ARRAY)
         return td_err_set(c->err, TD_ERR_FORMAT, "%s: key %s: unknown array element type %u", c->what,
@@ -270,7 +269,7 @@ static td_status parse_kv(td_gguf *g, cursor *c, gguf_kv *kv) {
     memcpy(key, kv->key.ptr, (size_t)kl);
     key[kl] = 0;
     if ((s = cur_u32(c, &kv->type, key))) return s;
-    size_t ss = scalar_size(kv->type);
+    size_t ss = td_gguf_scalar_size(kv->type);
     if (ss) {
         if ((s = cur_need(c, ss, key))) return s;
         kv->val = c->p + c->pos;
@@ -284,7 +283,7 @@ static td_status parse_kv(td_gguf *g, cursor *c, gguf_kv *kv) {
     if ((s = cur_u32(c, &kv->arr_type, key)) || (s = cur_u64(c, &kv->arr_len, key))) return s;
     uint32_t et = kv->arr_type;
     uint64_t n = kv->arr_len;
-    size_t es = scalar_size(et);
+    size_t es = td_gguf_scalar_size(et);
     if (es) {
         if (n > cur_left(c) / es)
             return td_err_set(c->err, TD_ERR_FORMAT,
@@ -633,7 +632,7 @@ td_gguf_type td_gguf_arr_type(const td_gguf *g, int64_t i) {
 uint64_t td_gguf_arr_len(const td_gguf *g, int64_t i) { return arr_ok(g, i) ? g->kv[i].arr_len : 0; }
 
 const void *td_gguf_arr_data(const td_gguf *g, int64_t i) {
-    return arr_ok(g, i) && scalar_size(g->kv[i].arr_type) ? g->kv[i].val : NULL;
+    return arr_ok(g, i) && td_gguf_scalar_size(g->kv[i].arr_type) ? g->kv[i].val : NULL;
 }
 
 td_gguf_str td_gguf_arr_str(const td_gguf *g, int64_t i, uint64_t j) {
@@ -646,7 +645,7 @@ td_gguf_str td_gguf_arr_str(const td_gguf *g, int64_t i, uint64_t j) {
 
 double td_gguf_arr_f64(const td_gguf *g, int64_t i, uint64_t j) {
     if (!arr_ok(g, i) || j >= g->kv[i].arr_len) return 0;
-    size_t es = scalar_size(g->kv[i].arr_type);
+    size_t es = td_gguf_scalar_size(g->kv[i].arr_type);
     if (!es || g->kv[i].arr_type == TD_GGUF_BOOL) return es ? g->kv[i].val[j] != 0 : 0;
     int64_t iv = 0;
     double fv = 0;
@@ -662,7 +661,7 @@ double td_gguf_arr_f64(const td_gguf *g, int64_t i, uint64_t j) {
 
 int64_t td_gguf_arr_i64(const td_gguf *g, int64_t i, uint64_t j) {
     if (!arr_ok(g, i) || j >= g->kv[i].arr_len) return 0;
-    size_t es = scalar_size(g->kv[i].arr_type);
+    size_t es = td_gguf_scalar_size(g->kv[i].arr_type);
     if (!es || g->kv[i].arr_type == TD_GGUF_BOOL) return es ? g->kv[i].val[j] != 0 : 0;
     int64_t iv = 0;
     double fv = 0;

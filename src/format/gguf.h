@@ -46,6 +46,8 @@ uint32_t td_gguf_version(const td_gguf *g);
 int64_t td_gguf_n_kv(const td_gguf *g);
 int64_t td_gguf_find_key(const td_gguf *g, const char *key);
 td_gguf_str td_gguf_key(const td_gguf *g, int64_t i);
+// Bytes of one scalar of a metadata type (td_gguf_type); 0 for STRING, ARRAY and unknown types.
+size_t td_gguf_scalar_size(uint32_t t);
 td_gguf_type td_gguf_kv_type(const td_gguf *g, int64_t i);
 
 // Typed getters by key name. Integers of any width/sign convert when the value fits; floats

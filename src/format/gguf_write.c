@@ -65,16 +65,6 @@ static int put_u32(td_gguf_writer *w, uint32_t v) {
 static int put_u64(td_gguf_writer *w, uint64_t v) { return put_u32(w, (uint32_t)v) && put_u32(w, (uint32_t)(v >> 32)); }
 static int put_str(td_gguf_writer *w, const char *s, size_t n) { return put_u64(w, n) && put(w, s, n); }
 
-static size_t scalar_size(td_gguf_type t) {
-    switch (t) {
-    case TD_GGUF_UINT8: case TD_GGUF_INT8: case TD_GGUF_BOOL: return 1;
-    case TD_GGUF_UINT16: case TD_GGUF_INT16: return 2;
-    case TD_GGUF_UINT32: case TD_GGUF_INT32: case TD_GGUF_FLOAT32: return 4;
-    case TD_GGUF_UINT64: case TD_GGUF_INT64: case TD_GGUF_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 // Starts a pair: checks state and uniqueness, writes key and value type.
 static td_status begin_kv(td_gguf_writer *w, const char *key, td_gguf_type t, td_err *err) {
     if (w->begun) return td_err_set(err, TD_ERR_INVALID, "gguf writer: metadata %s added after begin", key);
@@ -90,7 +80,7 @@ static td_status begin_kv(td_gguf_writer *w, const char *key, td_gguf_type t, td
 }
 
 td_status td_gguf_w_scalar(td_gguf_writer *w, const char *key, td_gguf_type t, const void *v, td_err *err) {
-    size_t n = scalar_size(t);
+    size_t n = td_gguf_scalar_size(t);
     if (!n) return td_err_set(err, TD_ERR_INVALID, "gguf writer: %s: type %d is not a scalar", key, (int)t);
     td_status st = begin_kv(w, key, t, err);
     if (st) return st;
@@ -118,7 +108,7 @@ td_status td_gguf_w_str(td_gguf_writer *w, const char *key, const char *s, size_
 
 td_status td_gguf_w_arr(td_gguf_writer *w, const char *key, td_gguf_type et, const void *data, uint64_t n,
                         td_err *err) {
-    size_t es = scalar_size(et);
+    size_t es = td_gguf_scalar_size(et);
     if (!es) return td_err_set(err, TD_ERR_INVALID, "gguf writer: %s: array element type %d", key, (int)et);
     td_status st = begin_kv(w, key, TD_GGUF_ARRAY, err);
     if (st) return st;

@@ -1003,16 +1003,6 @@ done:
 
 // ---- GGUF -> GGUF ----------------------------------------------------------------------------
 
-static size_t gguf_scalar_size(td_gguf_type t) {
-    switch (t) {
-    case TD_GGUF_UINT8: case TD_GGUF_INT8: case TD_GGUF_BOOL: return 1;
-    case TD_GGUF_UINT16: case TD_GGUF_INT16: return 2;
-    case TD_GGUF_UINT32: case TD_GGUF_INT32: case TD_GGUF_FLOAT32: return 4;
-    case TD_GGUF_UINT64: case TD_GGUF_INT64: case TD_GGUF_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 // Copies metadata pair i of g into w (general.file_type replaced by file_type).
 static td_status copy_kv(td_gguf_writer *w, const td_gguf *g, int64_t i, uint32_t file_type, td_err *err) {
     td_gguf_str ks = td_gguf_key(g, i);
@@ -1056,7 +1046,7 @@ static td_status copy_kv(td_gguf_writer *w, const td_gguf *g, int64_t i, uint32_
         }
         return td_gguf_w_arr(w, key, et, td_gguf_arr_data(g, i), n, err);
     }
-    size_t sz = gguf_scalar_size(t);
+    size_t sz = td_gguf_scalar_size(t);
     if (!sz) return td_err_set(err, TD_ERR_FORMAT, "%s: metadata %s has type %d", td_gguf_path(g), key, (int)t);
     uint8_t v[8] = {0};
     if (t == TD_GGUF_FLOAT32) {
