@@ -383,6 +383,22 @@ static void req_unref(srv_req *r) {
 
 // ---- engine -> server: the sink (engine threads) ----------------------------------------------------
 
+// Under r->mu: resumes the connection if its handler is suspended waiting for this request.
+static void req_wake_locked(srv_req *r) {
+    if (r->suspended && !r->client_gone) {
+        r->suspended = false;
+        MHD_resume_connection(r->conn);
+    }
+}
+
+// A request's engine work has ended: it no longer counts as live, and drops that reference.
+static void req_live_done(td_server *s, srv_req *r) {
+    pthread_mutex_lock(&s->mu);
+    s->n_live--;
+    pthread_mutex_unlock(&s->mu);
+    req_unref(r);
+}
+
 static void push_event(sub *sb, const ev_hdr *h, const td_top_logprob *top, const char *text, bool wake) {
     srv_req *r = sb->req;
     pthread_mutex_lock(&r->mu);
@@ -391,10 +407,7 @@ static void push_event(sub *sb, const ev_hdr *h, const td_top_logprob *top, cons
               (h->n_top == 0 || td_srv_buf_append(&r->events, top, sizeof *top * (size_t)h->n_top)) &&
               (h->text_len == 0 || td_srv_buf_append(&r->events, text, h->text_len));
     if (!ok) r->events.len = old;  // OOM: drop this event (the DONE event is tiny; see on_done)
-    if (wake && r->suspended && !r->client_gone) {
-        r->suspended = false;
-        MHD_resume_connection(r->conn);
-    }
+    if (wake) req_wake_locked(r);
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -427,10 +440,7 @@ static void sink_done(void *ctx, const td_gen_usage *u, td_status st, const char
     }
     push_event(sb, &h, NULL, msg, true);
     td_server *s = r->srv;
-    pthread_mutex_lock(&s->mu);
-    s->n_live--;
-    pthread_mutex_unlock(&s->mu);
-    req_unref(r);
+    req_live_done(s, r);
 }
 
 static const td_gen_sink *sink_table(void) {
@@ -1167,15 +1177,9 @@ static void *commit_main(void *arg) {
     r->commit_answer = a;
     r->commit_err = e;
     r->commit_done = true;
-    if (r->suspended && !r->client_gone) {
-        r->suspended = false;
-        MHD_resume_connection(r->conn);
-    }
+    req_wake_locked(r);
     pthread_mutex_unlock(&r->mu);
-    pthread_mutex_lock(&s->mu);
-    s->n_live--;
-    pthread_mutex_unlock(&s->mu);
-    req_unref(r);
+    req_live_done(s, r);
     return NULL;
 }
 
@@ -1547,15 +1551,9 @@ static void embed_sink_done(void *ctx, td_status st, const char *msg) {
     r->embed_done = true;
     r->embed_st = st;
     snprintf(r->embed_msg, sizeof r->embed_msg, "%s", msg ? msg : "");
-    if (r->suspended && !r->client_gone) {
-        r->suspended = false;
-        MHD_resume_connection(r->conn);
-    }
+    req_wake_locked(r);
     pthread_mutex_unlock(&r->mu);
-    pthread_mutex_lock(&s->mu);
-    s->n_live--;
-    pthread_mutex_unlock(&s->mu);
-    req_unref(r);
+    req_live_done(s, r);
 }
 
 // The OpenAI response: a list of embedding objects in input order, as float arrays or base64 of
@@ -2085,10 +2083,7 @@ int td_server_stop(td_server *s, int grace_ms) {
     pthread_mutex_lock(&s->mu);
     for (srv_req *r = s->live; r; r = r->next) {
         pthread_mutex_lock(&r->mu);
-        if (r->suspended && !r->client_gone) {
-            r->suspended = false;
-            MHD_resume_connection(r->conn);
-        }
+        req_wake_locked(r);
         pthread_mutex_unlock(&r->mu);
     }
     pthread_mutex_unlock(&s->mu);
