@@ -119,6 +119,12 @@ async function testJsonSchema() {
   let v = null; try { v = JSON.parse(r.choices[0].text); } catch (e) {}
   check(r.choices[0].finish_reason === 'stop' && v !== null && validate(v), 'completions guided_json: ajv validates',
         [r.choices[0].text, validate.errors]);
+  // llama.cpp's top-level json_schema, streamed on chat
+  const l = await streamText({ model: MODEL, messages: msgs('JSON:'), max_tokens: 400, temperature: 0.8, seed: 11,
+                               json_schema: SCHEMA });
+  let lv = null; try { lv = JSON.parse(l.text); } catch (e) {}
+  check(l.finish === 'stop' && lv !== null && validate(lv), 'llama.cpp json_schema (stream): ajv validates',
+        [l.text, l.finish, validate.errors]);
 }
 
 async function testJsonObject() {
