@@ -555,6 +555,14 @@ static td_status check_config(const td_rl_config *c, td_err *err) {
 }
 
 static void loop_free(loop *L) {
+    // A borrowed engine (engine_override) outlives the loop: requests still in flight point into
+    // L->g, so cancel them and take them back (bounded) before L->g goes.
+    if (L->roll == &L->over && L->over.vt && L->g) {
+        for (int i = 0; i < L->S; i++)
+            if (L->g[i].state == G_INFLIGHT) L->over.vt->cancel(L->over.ctx, &L->g[i].req);
+        const double until = now_s() + 30.0;
+        while (L->over.vt->inflight(L->over.ctx) > 0 && now_s() < until) (void)L->over.vt->wait_any(L->over.ctx, 100);
+    }
     if (L->remote.vt) L->remote.vt->free(L->remote.ctx);
     if (L->local.vt) L->local.vt->free(L->local.ctx);
     td_eng_free(L->eng);
