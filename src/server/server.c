@@ -399,6 +399,17 @@ static void req_live_done(td_server *s, srv_req *r) {
     req_unref(r);
 }
 
+// Before a submit: the engine's sink will hold a reference and count as live (d = +1); a submit
+// the engine refused takes both back (d = -1).
+static void req_live_add(td_server *s, srv_req *r, int d) {
+    pthread_mutex_lock(&r->mu);
+    r->refs += d;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&s->mu);
+    s->n_live += d;
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void push_event(sub *sb, const ev_hdr *h, const td_top_logprob *top, const char *text, bool wake) {
     srv_req *r = sb->req;
     pthread_mutex_lock(&r->mu);
@@ -1451,21 +1462,11 @@ static enum MHD_Result route_generate(srv_req *r, struct MHD_Connection *c) {
         sub *sb = &r->subs[i];
         td_gen_sink sink = *sink_table();
         sink.ctx = sb;
-        pthread_mutex_lock(&r->mu);
-        r->refs++;
-        pthread_mutex_unlock(&r->mu);
-        pthread_mutex_lock(&s->mu);
-        s->n_live++;
-        pthread_mutex_unlock(&s->mu);
+        req_live_add(s, r, +1);
         td_err err = {0};
         td_status st = s->eng.vt->submit(s->eng.ctx, &gens[i], &sink, &sb->h, &err);
         if (st != TD_OK) {
-            pthread_mutex_lock(&r->mu);
-            r->refs--;
-            pthread_mutex_unlock(&r->mu);
-            pthread_mutex_lock(&s->mu);
-            s->n_live--;
-            pthread_mutex_unlock(&s->mu);
+            req_live_add(s, r, -1);
             for (int k = 0; k < i; k++) s->eng.vt->cancel(s->eng.ctx, r->subs[k].h);
             // The already-submitted subs finish (aborted) and drop their references; the error goes out now.
             r->n_subs = i;
@@ -1678,21 +1679,11 @@ static enum MHD_Result route_embeddings(srv_req *r, struct MHD_Connection *c) {
     r->created = (int64_t)time(NULL);
     td_embed_request er = {.tokens = toks, .offsets = offs, .n_inputs = n, .out = r->emb_out};
     td_embed_sink sink = {.ctx = r, .on_done = embed_sink_done};
-    pthread_mutex_lock(&r->mu);
-    r->refs++;
-    pthread_mutex_unlock(&r->mu);
-    pthread_mutex_lock(&s->mu);
-    s->n_live++;
-    pthread_mutex_unlock(&s->mu);
+    req_live_add(s, r, +1);
     td_err err = {0};
     td_status st = s->eng.vt->embed(s->eng.ctx, &er, &sink, &err);
     if (st != TD_OK) {
-        pthread_mutex_lock(&r->mu);
-        r->refs--;
-        pthread_mutex_unlock(&r->mu);
-        pthread_mutex_lock(&s->mu);
-        s->n_live--;
-        pthread_mutex_unlock(&s->mu);
+        req_live_add(s, r, -1);
         return send_err(r, c, st == TD_ERR_INVALID || st == TD_ERR_UNSUPPORTED ? 400 : st == TD_ERR_LIMIT ? 503 : 500,
                         NULL, err.msg[0] ? err.msg : "the engine refused the request");
     }
